@@ -1,0 +1,58 @@
+#include <torch_mgpu/mgpu.h>
+
+#include "capture/capture.h"
+#include "engine/engine.h"
+#include "ir/node.h"
+#include "stats.h"
+
+namespace torch_mgpu {
+
+void synchronize() { capture::sync_all(); }
+
+int64_t pending_ops() { return ir::pending_op_count(); }
+
+std::map<std::string, int64_t> stats() {
+  auto& c = counters();
+  return {
+      {"ops_captured", c.ops_captured.load()},
+      {"ops_executed", c.ops_executed.load()},
+      {"plans_built", c.plans_built.load()},
+      {"plan_cache_hits", c.plan_cache_hits.load()},
+      {"eager_fallbacks", c.eager_fallbacks.load()},
+      {"bytes_transferred", c.bytes_transferred.load()},
+      {"syncs", c.syncs.load()},
+      {"meta_cache_hits", c.meta_cache_hits.load()},
+      {"meta_cache_misses", c.meta_cache_misses.load()},
+      {"execution_errors", c.execution_errors.load()},
+      {"pending_ops", ir::pending_op_count()},
+  };
+}
+
+int64_t max_pending_ops() { return capture::max_pending_ops(); }
+void set_max_pending_ops(int64_t n) { capture::set_max_pending_ops(n); }
+
+c10::Device device(int index) {
+  capture::check_device_index(static_cast<c10::DeviceIndex>(index));
+  return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)};
+}
+
+LastPlan last_plan() {
+  LastPlan out;
+  auto rec = engine::last_plan();
+  if (!rec) return out;
+  out.valid = true;
+  out.text = rec->text;
+  out.dot = rec->dot;
+  out.policy = rec->policy;
+  out.lanes = rec->lane_names;
+  out.predicted_makespan = rec->predicted_makespan;
+  out.measured_makespan = rec->measured_makespan;
+  out.graph_hash = rec->graph_hash;
+  for (size_t i = 0; i < rec->timing.size(); ++i) {
+    const auto& t = rec->timing[i];
+    out.timeline.push_back({static_cast<int>(i), rec->node_names[i], rec->lane_names[t.lane], t.start, t.end});
+  }
+  return out;
+}
+
+} // namespace torch_mgpu

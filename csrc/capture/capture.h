@@ -1,0 +1,30 @@
+#pragma once
+// The capture stage's entry points, shared by the fallback, copy and sync.
+#include "capture/lazy_tensor.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace torch_mgpu::capture {
+
+// The boxed kernel behind every ATen op that reaches PrivateUse1.
+void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The same, where `cpu_as_meta` lets whole CPU tensors in (copies from host).
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta);
+
+// Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
+// data-dependent output shapes or non-tensor results), rebinding mutated
+// inputs and wrapping tensor results as mgpu tensors.
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Computes every pending value (the sync point). Raises the first error an
+// op raised during execution, after binding everything that did compute.
+void sync_all();
+// The materialized CPU bytes of an mgpu storage (syncs if pending).
+c10::Storage materialize(const c10::Storage& mgpu_storage);
+
+// The graph-size limit that triggers an automatic sync.
+int64_t max_pending_ops();
+void set_max_pending_ops(int64_t n);
+
+} // namespace torch_mgpu::capture

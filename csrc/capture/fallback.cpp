@@ -1,0 +1,394 @@
+// Lazy capture: every ATen op on mgpu tensors arrives here boxed. Its output
+// geometry comes from running it on Meta tensors (cached per signature);
+// the call is recorded as one IR node. Views alias the mgpu storage directly,
+// in-place and out= ops produce the next version of the written storages.
+#include "capture/capture.h"
+#include "capture/meta_cache.h"
+#include "capture/random.h"
+#include "stats.h"
+
+#include <ATen/core/op_registration/op_registration.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+
+namespace torch_mgpu::capture {
+namespace {
+
+using ir::Arg;
+using ir::TensorGeometry;
+
+// Ops decided before shape inference: they need data (item, nonzero), or
+// return something other than tensors.
+bool needs_eager(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output))
+    return true;
+  if (schema.returns().empty()) {
+    bool writes = false;
+    for (const auto& a : schema.arguments())
+      if (a.alias_info() && a.alias_info()->isWrite()) writes = true;
+    return !writes;  // asserts and the like: run them now
+  }
+  for (const auto& r : schema.returns()) {
+    const auto& t = r.type();
+    if (t->kind() == c10::TypeKind::TensorType) continue;
+    if (t->kind() == c10::TypeKind::ListType &&
+        t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType)
+      continue;
+    if (t->kind() == c10::TypeKind::OptionalType &&
+        t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType)
+      continue;
+    return true;
+  }
+  return false;
+}
+
+bool has_generator_arg(const c10::FunctionSchema& s) {
+  for (const auto& a : s.arguments()) {
+    auto t = a.type();
+    if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  }
+  return false;
+}
+
+bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
+// One call being recorded: its distinct mgpu storages and their Meta twins.
+struct Call {
+  std::vector<c10::Storage> storages;   // mgpu storages read or written
+  std::vector<c10::Storage> meta;       // their Meta twins, same size
+  std::unordered_map<c10::StorageImpl*, int> index;
+  std::vector<at::Tensor> cpu_inputs;   // CPU tensors passed in (snapshotted)
+  std::vector<at::Tensor> mutated_slots;      // mgpu tensors written by the op
+  std::vector<at::Tensor> mutated_meta;       // their Meta twins
+  SignatureKey key;
+  c10::DeviceIndex device = 0;
+  bool cpu_as_meta = false;  // copies take a whole CPU tensor as their source
+
+  int storage_index(const at::Tensor& t) {
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    auto it = index.find(impl);
+    if (it != index.end()) return it->second;
+    int i = static_cast<int>(storages.size());
+    index.emplace(impl, i);
+    storages.push_back(t.storage());
+    meta.push_back(at::empty({static_cast<int64_t>(t.storage().nbytes())},
+                             at::TensorOptions().dtype(at::kByte).device(at::kMeta))
+                       .storage());
+    return i;
+  }
+
+  // The Meta twin of an argument tensor; records its signature.
+  at::Tensor to_meta(const at::Tensor& t, bool mutated) {
+    if (!t.defined()) {
+      key.add(-1);
+      return t;
+    }
+    if (!is_mgpu(t)) {
+      key.add(-2);
+      key.add_geometry(geometry_of(t));
+      key.add(static_cast<int64_t>(t.device().type()));
+      cpu_inputs.push_back(t);
+      if (cpu_as_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+      return t;  // meta kernels accept CPU scalars and refuse the rest, as eager does
+    }
+    device = t.device().index();
+    int i = storage_index(t);
+    auto g = geometry_of(t);
+    key.add(i);
+    key.add(static_cast<int64_t>(storages[i].nbytes()));
+    key.add_geometry(g);
+    auto m = meta_view(meta[i], g);
+    if (mutated) {
+      mutated_slots.push_back(t);
+      mutated_meta.push_back(m);
+    }
+    return m;
+  }
+};
+
+// Meta arguments for `args`, filling `call`.
+std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema,
+                                        const std::vector<c10::IValue>& args, Call& call) {
+  std::vector<c10::IValue> out;
+  out.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& v = args[i];
+    bool mut = is_mutated(schema.arguments()[i]);
+    if (v.isTensor()) {
+      out.emplace_back(call.to_meta(v.toTensor(), mut));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(call.to_meta(t, mut));
+      call.key.add(static_cast<int64_t>(l.size()));
+      out.emplace_back(c10::List<at::Tensor>(l));
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> ot = e;
+        l.push_back(ot ? std::optional<at::Tensor>(call.to_meta(*ot, mut)) : std::nullopt);
+        if (!ot) call.key.add(-3);
+      }
+      out.emplace_back(l);
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      check_device_index(v.toDevice().index());
+      call.device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
+      call.key.add(-4);
+      out.emplace_back(c10::Device(c10::kMeta));
+    } else if (v.isGenerator()) {
+      call.key.add(-5);
+      out.emplace_back();  // meta kernels draw nothing
+    } else {
+      call.key.add_ivalue(v);
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// Runs the op on Meta tensors and describes its results.
+MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, Call& call) {
+  torch::jit::Stack s(std::move(margs));
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.callBoxed(&s);
+  }
+  MetaResult r;
+  auto describe = [&](const at::Tensor& t) {
+    MetaTensor mt;
+    mt.defined = t.defined();
+    if (!mt.defined) return mt;
+    mt.geom = geometry_of(t);
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    for (size_t k = 0; k < call.meta.size(); ++k)
+      if (call.meta[k].unsafeGetStorageImpl() == impl) mt.alias = static_cast<int>(k);
+    mt.nbytes = t.storage().nbytes();
+    return mt;
+  };
+  for (const auto& v : s) {
+    MetaReturn ret;
+    if (v.isTensor()) {
+      r.tensors.push_back(describe(v.toTensor()));
+    } else if (v.isTensorList()) {
+      ret.kind = MetaReturn::Kind::TensorList;
+      ret.count = 0;
+      for (const auto& t : v.toTensorList()) {
+        r.tensors.push_back(describe(t));
+        ++ret.count;
+      }
+    } else if (v.isNone()) {
+      ret.kind = MetaReturn::Kind::None;
+      ret.count = 0;
+    } else {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: unexpected non-tensor result from ", op.schema().name());
+    }
+    r.returns.push_back(ret);
+  }
+  for (size_t k = 0; k < call.mutated_meta.size(); ++k) {
+    const auto& m = call.mutated_meta[k];
+    auto* impl = m.storage().unsafeGetStorageImpl();
+    int idx = call.index.at(call.mutated_slots[k].storage().unsafeGetStorageImpl());
+    TORCH_CHECK_NOT_IMPLEMENTED(impl == call.meta[idx].unsafeGetStorageImpl(),
+                                "mgpu: ", op.schema().name(), " rebinds a tensor to another storage");
+    r.mutated_geom.push_back(geometry_of(m));
+    r.mutated_nbytes.push_back(call.meta[idx].nbytes());
+  }
+  return r;
+}
+
+bool is_empty_factory(const c10::OperatorHandle& op) {
+  const auto& n = op.schema().operator_name();
+  return n.name == "aten::empty_strided" || (n.name == "aten::empty" && n.overload_name == "memory_format");
+}
+
+// An argument for the node: mgpu tensors become views of operands; CPU
+// tensors are snapshotted (eager copies them at the call too).
+struct NodeBuilder {
+  Call& call;
+  ir::Node& node;
+  std::unordered_map<c10::TensorImpl*, ir::TensorRef> cpu_refs;
+
+  std::optional<ir::TensorRef> ref(const at::Tensor& t) {
+    if (!t.defined()) return std::nullopt;
+    if (is_mgpu(t)) return ir::TensorRef{call.index.at(t.storage().unsafeGetStorageImpl()), geometry_of(t)};
+    auto it = cpu_refs.find(t.unsafeGetTensorImpl());
+    if (it != cpu_refs.end()) return it->second;
+    at::Tensor snap = t.clone(at::MemoryFormat::Contiguous);
+    ir::TensorRef r{static_cast<int>(node.operands.size()), geometry_of(snap)};
+    node.operands.push_back(ir::Value{ir::make_data(snap.storage()), 0});
+    cpu_refs.emplace(t.unsafeGetTensorImpl(), r);
+    return r;
+  }
+};
+
+void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+
+  Call call;
+  call.cpu_as_meta = cpu_as_meta;
+  auto margs = meta_arguments(schema, args, call);
+  const void* op_key = &schema;
+  const MetaResult* cached = call.key.cacheable ? meta_cache_find(op_key, call.key.bytes) : nullptr;
+  MetaResult fresh;
+  if (cached) {
+    counters().meta_cache_hits++;
+  } else {
+    counters().meta_cache_misses++;
+    fresh = infer(op, std::move(margs), call);
+    if (call.key.cacheable) meta_cache_put(op_key, call.key.bytes, fresh);
+    cached = &fresh;
+  }
+  const MetaResult& mr = *cached;
+
+  // Values read by the node: the current version of each storage.
+  auto node = std::make_shared<ir::Node>();
+  node->name = schema.operator_name().name;
+  if (!schema.overload_name().empty()) node->name += "." + schema.overload_name();
+  node->op = op;
+  for (const auto& s : call.storages) {
+    const auto& v = buffer_of(s)->value;
+    if (v.node && v.node->kind == ir::NodeKind::Error)
+      TORCH_CHECK(false, "mgpu: an input of ", node->name, " has no value: ", v.node->error);
+    node->operands.push_back(v);
+  }
+  NodeBuilder nb{call, *node, {}};
+  bool random = has_generator_arg(schema);
+  for (size_t i = 0; i < nargs; ++i) {
+    const auto& v = args[i];
+    Arg a;
+    if (v.isTensor() && v.toTensor().defined()) {
+      a.kind = Arg::Kind::Tensor;
+      a.tensors.push_back(nb.ref(v.toTensor()));
+    } else if (v.isTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const auto& t : v.toTensorList()) a.tensors.push_back(nb.ref(t));
+    } else if (v.isOptionalTensorList()) {
+      a.kind = Arg::Kind::OptionalTensorList;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> ot = e;
+        a.tensors.push_back(ot && ot->defined() ? nb.ref(*ot) : std::nullopt);
+      }
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      a.constant = c10::Device(c10::kCPU);
+    } else if (random && (v.isGenerator() || (v.isNone() && schema.arguments()[i].type()->kind() == c10::TypeKind::OptionalType &&
+                                             schema.arguments()[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))) {
+      std::optional<at::Generator> g;
+      if (v.isGenerator()) g = v.toGenerator();
+      a.constant = at::make_generator<at::CPUGeneratorImpl>(draw_seed(g));
+    } else {
+      a.constant = v;
+    }
+    node->args.push_back(std::move(a));
+  }
+  if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
+
+  // Outputs: fresh returned tensors, then the next versions of written storages.
+  bool empty_factory = is_empty_factory(op);
+  std::vector<at::Tensor> results;
+  std::vector<int> written;  // distinct storage indices written
+  for (const auto& m : call.mutated_slots) {
+    int idx = call.index.at(m.storage().unsafeGetStorageImpl());
+    if (std::find(written.begin(), written.end(), idx) == written.end()) written.push_back(idx);
+  }
+  for (size_t k = 0; k < mr.tensors.size(); ++k) {
+    const auto& t = mr.tensors[k];
+    if (!t.defined) {
+      results.emplace_back();
+    } else if (t.alias >= 0) {
+      // A view, or the written tensor itself (in-place and out= return it).
+      at::Tensor same;
+      for (const auto& m : call.mutated_slots)
+        if (call.index.at(m.storage().unsafeGetStorageImpl()) == t.alias) same = m;
+      results.push_back(same.defined() ? same : make_lazy_tensor(call.storages[t.alias], t.geom));
+    } else if (empty_factory) {
+      results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, ir::make_empty(t.nbytes)), t.geom));
+    } else {
+      ir::Output o;
+      o.nbytes = t.nbytes;
+      o.returned = static_cast<int>(k);
+      o.geom = t.geom;
+      int out_index = static_cast<int>(node->outputs.size());
+      node->outputs.push_back(o);
+      results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, node, out_index), t.geom));
+    }
+  }
+  // Written storages: grow (resize_, out=) and move to the new version.
+  for (int idx : written) {
+    size_t nbytes = call.storages[idx].nbytes();
+    for (size_t k = 0; k < call.mutated_slots.size(); ++k)
+      if (call.index.at(call.mutated_slots[k].storage().unsafeGetStorageImpl()) == idx)
+        nbytes = std::max(nbytes, mr.mutated_nbytes[k]);
+    ir::Output o;
+    o.nbytes = nbytes;
+    o.mutated_operand = idx;
+    int out_index = static_cast<int>(node->outputs.size());
+    node->outputs.push_back(o);
+    if (nbytes > call.storages[idx].nbytes()) call.storages[idx].unsafeGetStorageImpl()->set_nbytes(nbytes);
+    buffer_of(call.storages[idx])->value = ir::Value{node, out_index};
+  }
+  for (size_t k = 0; k < call.mutated_slots.size(); ++k) {
+    auto* impl = call.mutated_slots[k].unsafeGetTensorImpl();
+    const auto& g = mr.mutated_geom[k];
+    if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  }
+  if (!node->outputs.empty()) counters().ops_captured++;
+
+  torch::jit::drop(*stack, nargs);
+  size_t next = 0;
+  for (const auto& ret : mr.returns) {
+    if (ret.kind == MetaReturn::Kind::Tensor) {
+      stack->emplace_back(results[next++]);
+    } else if (ret.kind == MetaReturn::Kind::TensorList) {
+      c10::List<at::Tensor> l;
+      for (int i = 0; i < ret.count; ++i) l.push_back(results[next++]);
+      stack->emplace_back(l);
+    } else {
+      stack->emplace_back();
+    }
+  }
+}
+
+// Where eager refuses to mix devices, say so with eager's words.
+[[noreturn]] void rethrow_meta_error(const c10::Error& e) {
+  std::string msg = e.what_without_backtrace();
+  auto pos = msg.find("Expected all tensors to be on the same device");
+  if (pos != std::string::npos) {
+    for (size_t p = msg.find("meta"); p != std::string::npos; p = msg.find("meta", p + 6))
+      msg.replace(p, 4, "mgpu:0");
+    TORCH_CHECK(false, msg);
+  }
+  throw;
+}
+
+} // namespace
+
+void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  record_call(op, stack, false);
+}
+
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  if (needs_eager(op)) {
+    eager_fallback(op, stack);
+    return;
+  }
+  try {
+    record(op, stack, cpu_as_meta);
+  } catch (const c10::NotImplementedError&) {
+    eager_fallback(op, stack);  // no Meta kernel: run it now on CPU
+    return;
+  } catch (const c10::Error& e) {
+    rethrow_meta_error(e);
+  }
+  if (ir::pending_op_count() > max_pending_ops()) sync_all();
+}
+
+} // namespace torch_mgpu::capture
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::mgpu_fallback>());
+}

@@ -1,0 +1,118 @@
+#include "capture/lazy_tensor.h"
+
+#include <unordered_set>
+
+namespace torch_mgpu::capture {
+
+namespace {
+std::unordered_set<LazyBuffer*>& registry() {
+  static auto* r = new std::unordered_set<LazyBuffer*>();  // leaked: outlives static teardown
+  return *r;
+}
+
+void delete_buffer(void* ctx) {
+  auto* b = static_cast<LazyBuffer*>(ctx);
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  registry().erase(b);
+  delete b;  // drops the value: a dead branch of the graph is freed here
+}
+
+struct LazyAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    auto* b = new LazyBuffer();
+    b->value.node = ir::make_empty(nbytes);
+    // Device index: storages are created through new_storage, which fixes it.
+    {
+      std::lock_guard<std::recursive_mutex> lock(state_mutex());
+      registry().insert(b);
+    }
+    return {b, b, &delete_buffer, c10::Device(c10::DeviceType::PrivateUse1, 0)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(false, "mgpu storages hold no host-addressable bytes; copy through tensors");
+  }
+};
+} // namespace
+
+std::recursive_mutex& state_mutex() {
+  static auto* m = new std::recursive_mutex();
+  return *m;
+}
+
+c10::Allocator* lazy_allocator() {
+  static LazyAllocator alloc;
+  return &alloc;
+}
+
+bool is_mgpu(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+LazyBuffer* buffer_of(const c10::Storage& storage) {
+  const auto& dp = storage.data_ptr();
+  TORCH_INTERNAL_ASSERT(dp.get_deleter() == &delete_buffer,
+                        "mgpu tensor without a lazy buffer");
+  return static_cast<LazyBuffer*>(dp.get_context());
+}
+
+ir::TensorGeometry geometry_of(const at::Tensor& t) {
+  ir::TensorGeometry g;
+  g.dtype = t.scalar_type();
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.offset = t.storage_offset();
+  return g;
+}
+
+c10::Storage new_storage(size_t nbytes, c10::DeviceIndex device, ir::NodePtr node, int index) {
+  auto* alloc = lazy_allocator();
+  c10::DataPtr dp = alloc->allocate(nbytes);
+  auto* b = static_cast<LazyBuffer*>(dp.get_context());
+  b->device = device;
+  dp.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, device));
+  if (node) b->value = ir::Value{std::move(node), index};
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(dp), alloc,
+      /*resizable=*/true));
+}
+
+at::Tensor make_lazy_tensor(const c10::Storage& storage, const ir::TensorGeometry& geom) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(geom.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
+  return t;
+}
+
+at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(geom.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
+  return t;
+}
+
+at::Tensor meta_view(const c10::Storage& meta_storage, const ir::TensorGeometry& geom) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(meta_storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+      c10::scalarTypeToTypeMeta(geom.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
+  return t;
+}
+
+std::vector<LazyBuffer*> pending_buffers() {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  std::vector<LazyBuffer*> out;
+  for (auto* b : registry())
+    if (b->value.node && b->value.node->is_pending()) out.push_back(b);
+  return out;
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  c10::DeviceIndex n = 1;  // one virtual mgpu device spans all lanes
+  TORCH_CHECK_INDEX(index >= -1 && index < n, "mgpu device index ", static_cast<int>(index),
+                    " is out of range: torch.mgpu.device_count() is ", static_cast<int>(n));
+}
+
+} // namespace torch_mgpu::capture

@@ -1,0 +1,101 @@
+#include "capture/meta_cache.h"
+
+#include <cstring>
+#include <unordered_map>
+
+namespace torch_mgpu::capture {
+
+namespace {
+struct Cache {
+  std::unordered_map<std::string, MetaResult> map;
+};
+Cache& cache() {
+  static auto* c = new Cache();
+  return *c;
+}
+constexpr size_t kMaxEntries = 1 << 16;
+
+std::string full_key(const void* op, const std::string& key) {
+  std::string k(reinterpret_cast<const char*>(&op), sizeof op);
+  k += key;
+  return k;
+}
+} // namespace
+
+void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
+  add(static_cast<int64_t>(g.dtype));
+  add(static_cast<int64_t>(g.sizes.size()));
+  for (auto s : g.sizes) add(s);
+  for (auto s : g.strides) add(s);
+  add(g.offset);
+}
+
+void SignatureKey::add_ivalue(const c10::IValue& v) {
+  if (v.isNone()) {
+    add(1);
+  } else if (v.isBool()) {
+    add(2);
+    add(v.toBool());
+  } else if (v.isInt()) {
+    add(3);
+    add(v.toInt());
+  } else if (v.isDouble()) {
+    add(4);
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    add(bits);
+  } else if (v.isString()) {
+    add(5);
+    add(static_cast<int64_t>(v.toStringRef().size()));
+    bytes += v.toStringRef();
+  } else if (v.isDevice()) {
+    add(6);
+    add(static_cast<int64_t>(v.toDevice().type()));
+    add(v.toDevice().index());
+  } else if (v.isIntList()) {
+    add(7);
+    auto l = v.toIntList();
+    add(static_cast<int64_t>(l.size()));
+    for (int64_t x : l) add(x);
+  } else if (v.isDoubleList()) {
+    add(8);
+    for (double d : v.toDoubleList()) add_ivalue(c10::IValue(d));
+  } else if (v.isBoolList()) {
+    add(9);
+    for (bool b : v.toBoolList()) add(b);
+  } else if (v.isScalar()) {
+    add(10);
+    auto s = v.toScalar();
+    add(static_cast<int64_t>(s.type()));
+    if (s.isFloatingPoint())
+      add_ivalue(c10::IValue(s.toDouble()));
+    else if (s.isIntegral(false))
+      add(s.toLong());
+    else if (s.isBoolean())
+      add(s.toBool());
+    else
+      cacheable = false;
+  } else if (v.isList()) {
+    add(11);
+    for (const auto& e : v.toListRef()) add_ivalue(e);
+  } else {
+    cacheable = false;
+  }
+}
+
+const MetaResult* meta_cache_find(const void* op, const std::string& key) {
+  auto& c = cache();
+  auto it = c.map.find(full_key(op, key));
+  return it == c.map.end() ? nullptr : &it->second;
+}
+
+void meta_cache_put(const void* op, std::string key, MetaResult result) {
+  auto& c = cache();
+  if (c.map.size() >= kMaxEntries) c.map.clear();  // bounded: a shape-churning loop must not grow memory
+  c.map.emplace(full_key(op, key), std::move(result));
+}
+
+size_t meta_cache_size() { return cache().map.size(); }
+
+} // namespace torch_mgpu::capture

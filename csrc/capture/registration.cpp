@@ -1,0 +1,98 @@
+// PrivateUse1 registration under the name `mgpu`: the device guard, the
+// allocator, the hooks and the generator. Runs from static initializers when
+// libtorch_mgpu loads, so C++ users get the device with no Python.
+#include "capture/lazy_tensor.h"
+#include "capture/random.h"
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+namespace torch_mgpu::capture {
+namespace {
+
+thread_local c10::DeviceIndex t_current_device = 0;
+
+// mgpu has one stream per device: ordering between lanes is the executor's
+// business, so events and streams are trivially satisfied here.
+struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType T = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return T; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {T, t_current_device}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == T, "expected an mgpu device, got ", d);
+    check_device_index(d.index());
+    if (d.index() >= 0) t_current_device = d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < deviceCount()) t_current_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, d.index() < 0 ? t_current_device : d.index()));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override { return getStream(d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {}
+  void block(void* event, const c10::Stream& stream) const override {}
+  bool queryEvent(void* event) const override { return true; }
+  void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {}
+  bool queryStream(const c10::Stream& stream) const override { return true; }
+  void synchronizeStream(const c10::Stream& stream) const override {}
+  void synchronizeEvent(void* event) const override {}
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+struct MgpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    check_device_index(device_index);
+    return default_generator(device_index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    check_device_index(device_index);
+    return at::make_generator<MgpuGeneratorImpl>(device_index < 0 ? 0 : device_index);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    return {c10::DeviceType::PrivateUse1, 0};
+  }
+  bool isPinnedPtr(const void* data) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  void setCurrentDevice(c10::DeviceIndex device) const override { check_device_index(device); }
+  c10::DeviceIndex getCurrentDevice() const override { return t_current_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    check_device_index(device);
+    return t_current_device;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return t_current_device;
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    TORCH_CHECK(false, "mgpu storages are resized through Tensor.resize_");
+  }
+};
+
+struct Registrar {
+  Registrar() {
+    c10::register_privateuse1_backend("mgpu");
+    at::RegisterPrivateUse1HooksInterface(new MgpuHooks());  // lives for the process
+  }
+};
+Registrar g_registrar;
+
+} // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, MgpuGuardImpl);
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, lazy_allocator());
+
+} // namespace torch_mgpu::capture

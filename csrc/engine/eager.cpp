@@ -1,0 +1,207 @@
+// Ops that cannot be recorded run now on CPU: ops with no Meta kernel, ops
+// whose output shape depends on data (nonzero, masked_select), ops that
+// return Python numbers (item). Also the copies between mgpu and the host.
+#include "capture/capture.h"
+#include "capture/random.h"
+#include "engine/engine.h"
+#include "stats.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+
+namespace torch_mgpu::capture {
+
+namespace {
+
+void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  bool any_mgpu = false;
+  std::optional<c10::Device> other;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (is_mgpu(t)) any_mgpu = true;
+    else if (t.dim() > 0 || !t.device().is_cpu()) other = t.device();
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) see(v.toTensor());
+    else if (v.isTensorList()) for (const auto& t : v.toTensorList()) see(t);
+    else if (v.isOptionalTensorList())
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        if (t) see(*t);
+      }
+  }
+  TORCH_CHECK(!(any_mgpu && other), "Expected all tensors to be on the same device, but found at least two devices, mgpu:0 and ",
+              *other, "!");
+}
+
+} // namespace
+
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+  check_same_device(op, args);
+  if (schema.name() != "aten::_local_scalar_dense") counters().eager_fallbacks++;
+
+  // CPU bytes per mgpu storage; written storages get a private copy so that
+  // an op that raises half-way leaves the mgpu tensor as it was.
+  std::unordered_map<c10::StorageImpl*, c10::Storage> cpu_of;
+  std::unordered_map<c10::StorageImpl*, c10::Storage> mgpu_of;  // cpu impl -> mgpu storage
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (mgpu, cpu) tensor slots
+  c10::DeviceIndex device = 0;
+  auto to_cpu = [&](const at::Tensor& t, bool write) -> at::Tensor {
+    if (!is_mgpu(t)) return t;
+    device = t.device().index();
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    auto it = cpu_of.find(impl);
+    if (it == cpu_of.end()) {
+      c10::Storage s = materialize(t.storage());
+      if (write) {
+        c10::Storage c = runtime::allocate(s.nbytes());
+        if (s.nbytes()) std::memcpy(c.mutable_data(), s.data(), s.nbytes());
+        s = c;
+      }
+      it = cpu_of.emplace(impl, s).first;
+      mgpu_of.emplace(s.unsafeGetStorageImpl(), t.storage());
+    }
+    at::Tensor c = runtime::cpu_view(it->second, geometry_of(t));
+    if (write) written.emplace_back(t, c);
+    return c;
+  };
+  // Written storages first, so that reads of the same storage see the copy.
+  for (size_t i = 0; i < nargs; ++i) {
+    const auto& a = schema.arguments()[i];
+    if (!(a.alias_info() && a.alias_info()->isWrite())) continue;
+    if (args[i].isTensor()) args[i] = to_cpu(args[i].toTensor(), true);
+    else if (args[i].isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : args[i].toTensorList()) l.push_back(to_cpu(t, true));
+      args[i] = c10::List<at::Tensor>(l);
+    }
+  }
+  for (size_t i = 0; i < nargs; ++i) {
+    auto& v = args[i];
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) continue;
+    if (v.isTensor()) v = to_cpu(v.toTensor(), false);
+    else if (v.isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(to_cpu(t, false));
+      v = c10::List<at::Tensor>(l);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        l.push_back(t ? std::optional<at::Tensor>(to_cpu(*t, false)) : std::nullopt);
+      }
+      v = l;
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      check_device_index(v.toDevice().index());
+      device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
+      v = c10::Device(c10::kCPU);
+    } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
+      v = at::make_generator<at::CPUGeneratorImpl>(draw_seed(v.toGenerator()));
+    }
+  }
+
+  torch::jit::Stack s(args.begin(), args.end());
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.callBoxed(&s);
+  }
+
+  // Bind written storages to their new bytes, with any new geometry.
+  for (auto& [m, c] : written) {
+    auto* b = buffer_of(m);
+    c10::Storage cs = c.storage();
+    if (cs.nbytes() > m.storage().nbytes()) m.storage().unsafeGetStorageImpl()->set_nbytes(cs.nbytes());
+    b->value = ir::Value{ir::make_data(cs), 0};
+    auto g = geometry_of(c);
+    if (geometry_of(m) != g) m.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  }
+  auto wrap = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined() || !r.device().is_cpu()) return r;
+    for (auto& [m, c] : written)
+      if (c.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return m;
+    auto it = mgpu_of.find(r.storage().unsafeGetStorageImpl());
+    if (it != mgpu_of.end()) return make_lazy_tensor(it->second, geometry_of(r));
+    return make_lazy_tensor(new_storage(r.storage().nbytes(), device, ir::make_data(r.storage())), geometry_of(r));
+  };
+  torch::jit::drop(*stack, nargs);
+  for (auto& v : s) {
+    if (v.isTensor()) stack->emplace_back(wrap(v.toTensor()));
+    else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(wrap(t));
+      stack->emplace_back(l);
+    } else {
+      stack->push_back(v);
+    }
+  }
+}
+
+namespace {
+
+const c10::OperatorHandle& copy_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  return op;
+}
+
+// Whether `self` spans its whole storage, densely, with nothing computed yet.
+bool is_fresh_dense(const at::Tensor& self) {
+  auto* b = buffer_of(self);
+  return b->value.node->kind == ir::NodeKind::Empty && self.storage_offset() == 0 &&
+      self.is_contiguous() && self.nbytes() == self.storage().nbytes();
+}
+
+at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  if (is_mgpu(self)) {
+    if (!is_mgpu(src)) {
+      TORCH_CHECK(src.device().is_cpu(), "mgpu: cannot copy from a tensor on ", src.device());
+      counters().bytes_transferred += src.nbytes();
+      if (src.sizes() == self.sizes() && src.scalar_type() == self.scalar_type() && is_fresh_dense(self)) {
+        // Host to mgpu into a fresh tensor: the snapshot is the value.
+        at::Tensor snap = src.clone(at::MemoryFormat::Contiguous);
+        buffer_of(self)->value = ir::Value{ir::make_data(snap.storage()), 0};
+        return self;
+      }
+    }
+    torch::jit::Stack stack{self, src, non_blocking};
+    record_call(copy_op(), &stack, /*cpu_as_meta=*/true);
+    return self;
+  }
+  TORCH_CHECK(is_mgpu(src), "mgpu: copy_ reached the mgpu backend with no mgpu tensor");
+  c10::Storage data = materialize(src.storage());
+  counters().bytes_transferred += src.nbytes();
+  self.copy_(runtime::cpu_view(data, geometry_of(src)), non_blocking);
+  return self;
+}
+
+at::Tensor mgpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor d = dst;
+  mgpu_copy_(d, self, non_blocking);
+  return d;
+}
+
+at::Tensor mgpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::Tensor d = dst;
+  if (d.sizes() != self.sizes()) d.resize_(self.sizes());
+  mgpu_copy_(d, self, false);
+  return d;
+}
+
+bool mgpu_is_pinned(const at::Tensor& self, std::optional<at::Device> device) { return false; }
+
+} // namespace
+} // namespace torch_mgpu::capture
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("copy_", TORCH_FN(torch_mgpu::capture::mgpu_copy_));
+  m.impl("_copy_from", TORCH_FN(torch_mgpu::capture::mgpu_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(torch_mgpu::capture::mgpu_copy_from_and_resize));
+  m.impl("is_pinned", TORCH_FN(torch_mgpu::capture::mgpu_is_pinned));
+}

@@ -1,0 +1,49 @@
+#pragma once
+// torch_mgpu's C++ API: the same verbs as the Python module. Linking
+// libtorch_mgpu registers the `mgpu` device; then
+//   auto x = torch::randn({4, 4}).to(torch::Device("mgpu"));
+// records ops lazily, and x.cpu() or torch_mgpu::synchronize() runs them.
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu {
+
+// Runs every pending op; raises the first error an op raised.
+void synchronize();
+// Ops recorded and not yet run.
+int64_t pending_ops();
+// Counters since start: ops_captured, ops_executed, plans_built,
+// plan_cache_hits, eager_fallbacks, bytes_transferred and more.
+std::map<std::string, int64_t> stats();
+// A pending graph larger than this runs at once (TORCH_MGPU_MAX_PENDING).
+int64_t max_pending_ops();
+void set_max_pending_ops(int64_t n);
+// The mgpu device (index 0: one virtual device spans all lanes).
+c10::Device device(int index = 0);
+
+struct TimelineEntry {
+  int node;
+  std::string op;
+  std::string lane;
+  double start, end;  // seconds from the start of execution
+};
+
+// The plan of the last executed graph.
+struct LastPlan {
+  bool valid = false;
+  std::string text;
+  std::string dot;
+  std::string policy;
+  std::vector<std::string> lanes;
+  std::vector<TimelineEntry> timeline;
+  double predicted_makespan = 0;
+  double measured_makespan = 0;
+  uint64_t graph_hash = 0;
+};
+LastPlan last_plan();
+
+} // namespace torch_mgpu

@@ -1,0 +1,120 @@
+#include "ir/graph.h"
+
+#include <algorithm>
+#include <sstream>
+#include <unordered_map>
+
+namespace torch_mgpu::ir {
+
+int Graph::index_of(const Node* n) const {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].get() == n) return static_cast<int>(i);
+  return -1;
+}
+
+Graph build_graph(const std::vector<Value>& roots) {
+  Graph g;
+  g.roots = roots;
+  std::unordered_map<const Node*, int> index;
+  // Iterative DFS: graphs of 100k nodes in a chain must not overflow the stack.
+  struct Frame {
+    NodePtr node;
+    size_t next;
+  };
+  std::vector<Frame> stack;
+  std::unordered_map<const Node*, bool> visiting;
+  for (const auto& r : roots) {
+    if (!r.node || !r.node->is_pending() || index.count(r.node.get())) continue;
+    stack.push_back({r.node, 0});
+    visiting[r.node.get()] = true;
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      if (f.next < f.node->operands.size()) {
+        const NodePtr& child = f.node->operands[f.next++].node;
+        if (child && child->is_pending() && !index.count(child.get()) &&
+            !visiting.count(child.get())) {
+          visiting[child.get()] = true;
+          stack.push_back({child, 0});
+        }
+        continue;
+      }
+      index[f.node.get()] = static_cast<int>(g.nodes.size());
+      g.nodes.push_back(std::move(f.node));
+      stack.pop_back();
+    }
+  }
+  g.deps.resize(g.nodes.size());
+  g.users.resize(g.nodes.size());
+  uint64_t h = 0xabcdef;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = *g.nodes[i];
+    h = hash_combine(h, n.hash());
+    for (const auto& v : n.operands) {
+      auto it = index.find(v.node.get());
+      int d = it == index.end() ? -1 : it->second;
+      h = hash_combine(h, static_cast<uint64_t>(d + 1));
+      h = hash_combine(h, static_cast<uint64_t>(v.index));
+      if (d >= 0) {
+        auto& deps = g.deps[i];
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) {
+          deps.push_back(d);
+          g.users[d].push_back(static_cast<int>(i));
+        }
+      }
+    }
+  }
+  for (const auto& r : roots) {
+    auto it = index.find(r.node.get());
+    h = hash_combine(h, it == index.end() ? 0 : static_cast<uint64_t>(it->second + 1));
+    h = hash_combine(h, static_cast<uint64_t>(r.index));
+  }
+  g.hash = h;
+  return g;
+}
+
+namespace {
+std::string operand_name(const Graph& g, const Value& v) {
+  std::ostringstream os;
+  int d = g.index_of(v.node.get());
+  if (d >= 0)
+    os << "%" << d;
+  else
+    os << (v.node ? v.node->name : "?") << "#" << (v.node ? v.node->id : 0);
+  if (v.index) os << "." << v.index;
+  return os.str();
+}
+} // namespace
+
+std::string to_text(const Graph& g) {
+  std::ostringstream os;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = *g.nodes[i];
+    os << "%" << i << " = " << n.name << "(";
+    for (size_t k = 0; k < n.operands.size(); ++k)
+      os << (k ? ", " : "") << operand_name(g, n.operands[k]);
+    os << ")";
+    for (const auto& o : n.outputs)
+      if (o.mutated_operand >= 0) os << " writes " << operand_name(g, n.operands[o.mutated_operand]);
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string to_dot(const Graph& g, const std::vector<int>& lane_of) {
+  static const char* colors[] = {"lightblue", "lightpink", "palegreen", "khaki",
+                                 "plum", "lightsalmon", "lightcyan", "wheat"};
+  std::ostringstream os;
+  os << "digraph mgpu {\n  node [shape=box, style=filled];\n";
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    int lane = i < lane_of.size() ? lane_of[i] : 0;
+    os << "  n" << i << " [label=\"%" << i << " " << g.nodes[i]->name;
+    if (!lane_of.empty()) os << "\\nlane " << lane;
+    os << "\", fillcolor=" << colors[lane % 8] << "];\n";
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (int d : g.deps[i]) os << "  n" << d << " -> n" << i << ";\n";
+  os << "}\n";
+  return os.str();
+}
+
+} // namespace torch_mgpu::ir

@@ -1,0 +1,36 @@
+#pragma once
+// A Graph is the plain-data snapshot of the pending work at a sync point:
+// the Op nodes needed by the roots, in topological order, with edges as
+// indices. Planning and execution read it; nothing here runs an op.
+#include "ir/node.h"
+
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::ir {
+
+struct Graph {
+  // Pending Op nodes in a topological order (every producer before its users).
+  std::vector<NodePtr> nodes;
+  // deps[i]: indices of the nodes in `nodes` whose outputs node i reads.
+  std::vector<std::vector<int>> deps;
+  // users[i]: nodes that read any output of node i.
+  std::vector<std::vector<int>> users;
+  // The values wanted after execution (the current versions of live storages).
+  std::vector<Value> roots;
+  // Structural hash of the whole graph: node hashes plus edges plus roots.
+  uint64_t hash = 0;
+
+  int index_of(const Node* n) const;
+  size_t size() const { return nodes.size(); }
+};
+
+// Post-order walk from the roots through pending nodes; Data nodes are leaves.
+Graph build_graph(const std::vector<Value>& roots);
+
+// Readable listing, one node a line: `%3 = aten::mm(%1, %2)`.
+std::string to_text(const Graph& g);
+// Graphviz; `lane_of` (optional, same length as nodes) colours nodes by lane.
+std::string to_dot(const Graph& g, const std::vector<int>& lane_of = {});
+
+} // namespace torch_mgpu::ir

@@ -1,0 +1,173 @@
+#include "ir/node.h"
+
+#include <cstring>
+#include <functional>
+
+namespace torch_mgpu::ir {
+
+namespace {
+std::atomic<int64_t> g_pending{0};
+std::atomic<uint64_t> g_next_id{0};
+
+uint64_t hash_bytes(const void* p, size_t n) {
+  // FNV-1a: stable across runs, unlike std::hash on some types.
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t hash_geometry(uint64_t h, const TensorGeometry& g) {
+  h = hash_combine(h, static_cast<uint64_t>(g.dtype));
+  for (auto s : g.sizes) h = hash_combine(h, static_cast<uint64_t>(s));
+  h = hash_combine(h, 0x5151);
+  for (auto s : g.strides) h = hash_combine(h, static_cast<uint64_t>(s));
+  return hash_combine(h, static_cast<uint64_t>(g.offset));
+}
+} // namespace
+
+uint64_t hash_combine(uint64_t seed, uint64_t value) {
+  return seed ^ (value + 0x9e3779b97f4a7c15ull + (seed << 6) + (seed >> 2));
+}
+
+uint64_t hash_ivalue(const c10::IValue& v) {
+  if (v.isNone()) return 0x11;
+  if (v.isBool()) return hash_combine(0x12, v.toBool());
+  if (v.isInt()) return hash_combine(0x13, static_cast<uint64_t>(v.toInt()));
+  if (v.isDouble()) {
+    double d = v.toDouble();
+    return hash_combine(0x14, hash_bytes(&d, sizeof d));
+  }
+  if (v.isString()) {
+    const auto& s = v.toStringRef();
+    return hash_combine(0x15, hash_bytes(s.data(), s.size()));
+  }
+  if (v.isDevice()) {
+    return hash_combine(0x16, std::hash<c10::Device>()(v.toDevice()));
+  }
+  if (v.isList()) {
+    uint64_t h = 0x17;
+    for (const auto& e : v.toListRef()) h = hash_combine(h, hash_ivalue(e));
+    return h;
+  }
+  if (v.isTensor()) {
+    // Tensor constants (snapshots of CPU inputs) hash by shape and dtype:
+    // data does not change a plan.
+    const auto& t = v.toTensor();
+    uint64_t h = hash_combine(0x18, static_cast<uint64_t>(t.scalar_type()));
+    for (auto s : t.sizes()) h = hash_combine(h, static_cast<uint64_t>(s));
+    return h;
+  }
+  if (v.isGenerator()) return 0x19;
+  if (v.isScalar()) {
+    auto s = v.toScalar();
+    if (s.isFloatingPoint()) return hash_ivalue(c10::IValue(s.toDouble()));
+    if (s.isBoolean()) return hash_ivalue(c10::IValue(s.toBool()));
+    return hash_ivalue(c10::IValue(s.toLong()));
+  }
+  return hash_combine(0x1f, hash_bytes(v.tagKind().data(), v.tagKind().size()));
+}
+
+Node::Node() : id(g_next_id.fetch_add(1)) {
+  g_pending.fetch_add(1);
+}
+
+Node::~Node() {
+  if (kind == NodeKind::Op) g_pending.fetch_sub(1);
+  // Release long operand chains iteratively: a chain of a million in-place
+  // versions would otherwise recurse a million frames deep on destruction.
+  std::vector<NodePtr> stack;
+  for (auto& v : operands)
+    if (v.node && v.node.use_count() == 1) stack.push_back(std::move(v.node));
+  operands.clear();
+  while (!stack.empty()) {
+    NodePtr n = std::move(stack.back());
+    stack.pop_back();
+    for (auto& v : n->operands)
+      if (v.node && v.node.use_count() == 1) stack.push_back(std::move(v.node));
+    n->operands.clear();
+  }
+}
+
+void mark_executed(Node& node) {
+  if (node.kind == NodeKind::Op) {
+    node.kind = NodeKind::Data;  // its results now live with the executor
+    g_pending.fetch_sub(1);
+  }
+}
+
+int64_t pending_op_count() { return g_pending.load(); }
+
+uint64_t Node::hash() const {
+  if (hash_) return *hash_;
+  uint64_t h = hash_bytes(name.data(), name.size());
+  if (kind != NodeKind::Op) {
+    h = hash_combine(h, outputs.empty() ? 0 : outputs[0].nbytes);
+  } else {
+    for (const auto& a : args) {
+      h = hash_combine(h, static_cast<uint64_t>(a.kind));
+      if (a.kind == Arg::Kind::Constant) {
+        h = hash_combine(h, hash_ivalue(a.constant));
+      } else {
+        for (const auto& t : a.tensors) {
+          if (!t) {
+            h = hash_combine(h, 0x77);
+            continue;
+          }
+          h = hash_combine(h, static_cast<uint64_t>(t->operand));
+          h = hash_geometry(h, t->geom);
+        }
+      }
+    }
+    for (const auto& o : outputs) {
+      h = hash_combine(h, o.nbytes);
+      h = hash_combine(h, static_cast<uint64_t>(o.mutated_operand + 1));
+    }
+    // Operand hashes: iterative to survive deep chains.
+    for (const auto& v : operands) {
+      h = hash_combine(h, static_cast<uint64_t>(v.index));
+    }
+  }
+  hash_ = h;
+  return h;
+}
+
+NodePtr make_data(c10::Storage storage) {
+  auto n = std::make_shared<Node>();
+  n->kind = NodeKind::Data;
+  g_pending.fetch_sub(1);  // constructed as Op; a Data node is never pending
+  n->name = "data";
+  Output o;
+  o.nbytes = storage.nbytes();
+  n->outputs.push_back(o);
+  n->data = std::move(storage);
+  return n;
+}
+
+NodePtr make_empty(size_t nbytes) {
+  auto n = std::make_shared<Node>();
+  n->kind = NodeKind::Empty;
+  g_pending.fetch_sub(1);
+  n->name = "empty";
+  Output o;
+  o.nbytes = nbytes;
+  n->outputs.push_back(o);
+  return n;
+}
+
+NodePtr make_error(std::string message, size_t nbytes) {
+  auto n = std::make_shared<Node>();
+  n->kind = NodeKind::Error;
+  g_pending.fetch_sub(1);
+  n->name = "error";
+  Output o;
+  o.nbytes = nbytes;
+  n->outputs.push_back(o);
+  n->error = std::move(message);
+  return n;
+}
+
+} // namespace torch_mgpu::ir

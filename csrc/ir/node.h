@@ -1,0 +1,122 @@
+#pragma once
+// The IR: nodes that record one ATen op each, and Values that name one
+// version of one storage. Plain data; nothing here runs an op.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Storage.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::ir {
+
+// Where a tensor lies inside its storage, as a strided view.
+struct TensorGeometry {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  bool operator==(const TensorGeometry& o) const {
+    return dtype == o.dtype && sizes == o.sizes && strides == o.strides &&
+        offset == o.offset;
+  }
+  bool operator!=(const TensorGeometry& o) const { return !(*this == o); }
+};
+
+// A tensor argument: a strided view of one operand's storage.
+struct TensorRef {
+  int operand = 0;
+  TensorGeometry geom;
+};
+
+// One argument of the recorded call: a constant, or tensors that are views
+// of the node's operands. Lists keep their optional holes (Tensor?[]).
+struct Arg {
+  enum class Kind : uint8_t { Constant, Tensor, TensorList, OptionalTensorList };
+  Kind kind = Kind::Constant;
+  c10::IValue constant;
+  std::vector<std::optional<TensorRef>> tensors;
+};
+
+enum class NodeKind : uint8_t {
+  Op,    // an ATen op to run
+  Data,  // bytes already materialized (output 0 is `data`)
+  Empty, // uninitialized bytes (torch.empty): allocated where first read
+  Error  // a value whose computation failed; reading it raises `error`
+};
+
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// One version of one storage: output `index` of `node`.
+struct Value {
+  NodePtr node;
+  int index = 0;
+  bool operator==(const Value& o) const {
+    return node == o.node && index == o.index;
+  }
+};
+
+// What one node output is: a fresh storage holding a returned tensor, or the
+// next version of an operand's storage that the op wrote in place.
+struct Output {
+  size_t nbytes = 0;
+  int mutated_operand = -1;  // -1: a fresh storage
+  int returned = -1;         // fresh outputs: index in the flattened returns
+  TensorGeometry geom;       // fresh outputs: the returned tensor's geometry
+};
+
+struct Node {
+  NodeKind kind = NodeKind::Op;
+  std::string name;  // "aten::add.Tensor", "data", "error"
+  std::optional<c10::OperatorHandle> op;
+  std::vector<Arg> args;
+  // A node holds real references to its operands (the versions it reads).
+  // Nothing points back from an operand to its users, so there is no cycle:
+  // dropping the last tensor that needs a node frees it (dead-code
+  // elimination by reference count).
+  std::vector<Value> operands;
+  std::vector<Output> outputs;
+  c10::Storage data;   // Data nodes only
+  std::string error;   // Error nodes only
+  // Ops that draw from a global generator with no Generator argument run
+  // with this seed, so that results do not depend on the schedule.
+  std::optional<uint64_t> seed;
+  uint64_t id = 0;     // creation order: stable names in printouts
+
+  Node();
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  bool is_pending() const { return kind == NodeKind::Op; }
+  // Local structural hash: op, constants, geometries, output sizes;
+  // materialized data hashes by size only, so a training loop hashes equal
+  // from step to step. The graph hash adds the edges. Memoized.
+  uint64_t hash() const;
+
+ private:
+  mutable std::optional<uint64_t> hash_;
+};
+
+// A Data node over bytes that already exist.
+NodePtr make_data(c10::Storage storage);
+// An Empty node: `nbytes` uninitialized bytes.
+NodePtr make_empty(size_t nbytes);
+// An Error node: reading it raises `message`.
+NodePtr make_error(std::string message, size_t nbytes);
+
+// Number of Op nodes alive and not yet executed.
+int64_t pending_op_count();
+// Called by the executor when it has run a node, so the node no longer
+// counts as pending even while the graph still holds it.
+void mark_executed(Node& node);
+
+uint64_t hash_combine(uint64_t seed, uint64_t value);
+uint64_t hash_ivalue(const c10::IValue& v);
+
+} // namespace torch_mgpu::ir

@@ -1,0 +1,45 @@
+#pragma once
+// Runs a Plan over a Graph. A node's operands arrive as CPU storages (the
+// bytes of each value it reads); its outputs leave as storages. A node that
+// raises fails alone: nodes that need its results are skipped, the rest run.
+#include "ir/graph.h"
+#include "plan/plan.h"
+
+#include <ATen/ATen.h>
+
+#include <exception>
+#include <vector>
+
+namespace torch_mgpu::runtime {
+
+enum class Status : uint8_t { NotRun, Ok, Failed, Skipped };
+
+struct NodeTiming {
+  int lane = 0;
+  double start = 0, end = 0;  // seconds from the start of execution
+};
+
+struct ExecResult {
+  // values[i][k]: bytes of output k of node i, while alive (roots and the
+  // values a failed node did not get to consume stay alive).
+  std::vector<std::vector<c10::Storage>> values;
+  std::vector<Status> status;
+  std::vector<NodeTiming> timing;
+  std::exception_ptr first_error;
+  std::string first_message;
+  double makespan = 0;
+};
+
+ExecResult execute(const ir::Graph& g, const plan::Plan& p);
+
+// A CPU tensor over `storage` (CPU bytes) with `geom`.
+at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom);
+// Fresh CPU bytes for an operand that is uninitialized (torch.empty).
+c10::Storage allocate(size_t nbytes);
+
+// Runs one node. `operands[k]` are the bytes of operand k; `reuse[k]` lets
+// the node write operand k in place, else it writes a copy.
+std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
+                                   const std::vector<bool>& reuse);
+
+} // namespace torch_mgpu::runtime

@@ -1,0 +1,23 @@
+#pragma once
+// Process-wide counters behind torch_mgpu.stats().
+#include <atomic>
+#include <cstdint>
+
+namespace torch_mgpu {
+
+struct Counters {
+  std::atomic<int64_t> ops_captured{0};
+  std::atomic<int64_t> ops_executed{0};
+  std::atomic<int64_t> plans_built{0};
+  std::atomic<int64_t> plan_cache_hits{0};
+  std::atomic<int64_t> eager_fallbacks{0};
+  std::atomic<int64_t> bytes_transferred{0};
+  std::atomic<int64_t> syncs{0};
+  std::atomic<int64_t> meta_cache_hits{0};
+  std::atomic<int64_t> meta_cache_misses{0};
+  std::atomic<int64_t> execution_errors{0};
+};
+
+Counters& counters();
+
+} // namespace torch_mgpu

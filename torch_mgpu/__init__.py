@@ -1,0 +1,54 @@
+"""torch_mgpu: the `mgpu` device. Ops on mgpu tensors are recorded, not run;
+at a sync point the recorded graph is planned over lanes and executed.
+
+    import torch, torch_mgpu
+    x = torch.randn(4, 4, device="mgpu")
+    y = (x @ x).relu()          # recorded
+    print(y.cpu())              # runs
+"""
+import torch
+
+from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
+from . import device as _device_module
+from ._plan import Plan, last_plan
+
+if not hasattr(torch, "mgpu"):
+    torch.utils.rename_privateuse1_backend("mgpu")
+    torch._register_device_module("mgpu", _device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+
+
+def synchronize() -> None:
+    """Run every pending op. Raises the first error an op raised."""
+    _C.synchronize()
+
+
+def pending_ops() -> int:
+    """Number of ops recorded and not yet run."""
+    return _C.pending_ops()
+
+
+def stats() -> dict:
+    """Counters since start: ops_captured, ops_executed, plans_built,
+    plan_cache_hits, eager_fallbacks, bytes_transferred, and more."""
+    return dict(_C.stats())
+
+
+def max_pending_ops() -> int:
+    return _C.max_pending_ops()
+
+
+def set_max_pending_ops(n: int) -> None:
+    """A pending graph larger than `n` ops runs at once."""
+    _C.set_max_pending_ops(int(n))
+
+
+__all__ = [
+    "synchronize",
+    "pending_ops",
+    "stats",
+    "last_plan",
+    "Plan",
+    "max_pending_ops",
+    "set_max_pending_ops",
+]
