@@ -387,6 +387,34 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   if (ir::pending_op_count() > max_pending_ops()) sync_all();
 }
 
+namespace {
+
+// Functional ops that other backends get from a CompositeExplicitAutograd-
+// NonFunctional kernel (empty + resize_ + the out= variant) are taken over
+// here when they have CPU and Meta kernels, so that `a + b` records one
+// functional node, as the CPU backend runs one kernel.
+struct DirectKernels {
+  std::unique_ptr<torch::Library> lib;
+  DirectKernels() {
+    auto& d = c10::Dispatcher::singleton();
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                           __FILE__, __LINE__);
+    for (const auto& name : d.getAllOpNamesForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      if (name.name.rfind("aten::", 0) != 0 || name.name == "aten::copy_") continue;
+      auto op = d.findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+        continue;
+      std::string full = name.name.substr(6);
+      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
+    }
+  }
+};
+DirectKernels g_direct_kernels;
+
+} // namespace
 } // namespace torch_mgpu::capture
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
