@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torch_mgpu::capture {
 namespace {
@@ -51,6 +52,14 @@ bool has_generator_arg(const c10::FunctionSchema& s) {
     if (t->kind() == c10::TypeKind::GeneratorType) return true;
   }
   return false;
+}
+
+struct SilentWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+SilentWarnings& silent_warnings() {
+  static SilentWarnings h;
+  return h;
 }
 
 bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
@@ -198,6 +207,51 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
   return r;
 }
 
+// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
+// implementation for a dtype raises only when run. Run the op once per new
+// signature on tiny zero tensors of the same dtypes (every dim clamped to 1)
+// and raise eager's "not implemented for" error at the call. Other probe
+// errors (the tiny shapes may not fit) are ignored. Ops that draw random
+// numbers are not probed: the probe must not move any generator.
+void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const auto& schema = op.schema();
+  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  auto tiny = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !is_mgpu(t)) return t;
+    std::vector<int64_t> sizes = t.sizes().vec();
+    for (auto& d : sizes) d = std::min<int64_t>(d, 1);
+    return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
+  };
+  torch::jit::Stack s;
+  for (const auto& v : args) {
+    if (v.isTensor()) s.emplace_back(tiny(v.toTensor()));
+    else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(tiny(t));
+      s.emplace_back(l);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        l.push_back(t ? std::optional<at::Tensor>(tiny(*t)) : std::nullopt);
+      }
+      s.emplace_back(l);
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      s.emplace_back(c10::Device(c10::kCPU));
+    } else {
+      s.push_back(v);
+    }
+  }
+  try {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+    op.callBoxed(&s);
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    if (msg.find("not implemented for '") != std::string::npos) throw;
+  }
+}
+
 bool is_empty_factory(const c10::OperatorHandle& op) {
   const auto& n = op.schema().operator_name();
   return n.name == "aten::empty_strided" || (n.name == "aten::empty" && n.overload_name == "memory_format");
@@ -239,6 +293,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   } else {
     counters().meta_cache_misses++;
     fresh = infer(op, std::move(margs), call);
+    probe_dtypes(op, args);
     if (call.key.cacheable) meta_cache_put(op_key, call.key.bytes, fresh);
     cached = &fresh;
   }
@@ -352,19 +407,34 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   }
 }
 
-// Where eager refuses to mix devices, say so with eager's words.
-[[noreturn]] void rethrow_meta_error(const c10::Error& e) {
-  std::string msg = e.what_without_backtrace();
-  auto pos = msg.find("Expected all tensors to be on the same device");
-  if (pos != std::string::npos) {
-    for (size_t p = msg.find("meta"); p != std::string::npos; p = msg.find("meta", p + 6))
-      msg.replace(p, 4, "mgpu:0");
-    TORCH_CHECK(false, msg);
+} // namespace
+
+void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  // As on CUDA, indexing takes its indices from the host.
+  static const std::unordered_set<std::string> host_indices = {
+      "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
+      "aten::_unsafe_index_put"};
+  if (host_indices.count(op.schema().name())) return;
+  bool any_mgpu = false;
+  std::optional<c10::Device> other;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (is_mgpu(t)) any_mgpu = true;
+    else if (t.dim() > 0 || !t.device().is_cpu()) other = t.device();
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) see(v.toTensor());
+    else if (v.isTensorList()) for (const auto& t : v.toTensorList()) see(t);
+    else if (v.isOptionalTensorList())
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        if (t) see(*t);
+      }
   }
-  throw;
+  TORCH_CHECK(!(any_mgpu && other), "Expected all tensors to be on the same device, but found at least two devices, mgpu:0 and ",
+              *other, "!");
 }
 
-} // namespace
 
 void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   record_call(op, stack, false);
@@ -376,13 +446,14 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     eager_fallback(op, stack);
     return;
   }
+  if (!cpu_as_meta) check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()).vec());
   try {
     record(op, stack, cpu_as_meta);
-  } catch (const c10::NotImplementedError&) {
-    eager_fallback(op, stack);  // no Meta kernel: run it now on CPU
+  } catch (const std::exception&) {
+    // No Meta kernel, or the Meta kernel refused the call: run it now on
+    // CPU, which either computes it or raises exactly eager's error.
+    eager_fallback(op, stack);
     return;
-  } catch (const c10::Error& e) {
-    rethrow_meta_error(e);
   }
   if (ir::pending_op_count() > max_pending_ops()) sync_all();
 }

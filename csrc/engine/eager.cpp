@@ -13,31 +13,6 @@
 
 namespace torch_mgpu::capture {
 
-namespace {
-
-void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  bool any_mgpu = false;
-  std::optional<c10::Device> other;
-  auto see = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    if (is_mgpu(t)) any_mgpu = true;
-    else if (t.dim() > 0 || !t.device().is_cpu()) other = t.device();
-  };
-  for (const auto& v : args) {
-    if (v.isTensor()) see(v.toTensor());
-    else if (v.isTensorList()) for (const auto& t : v.toTensorList()) see(t);
-    else if (v.isOptionalTensorList())
-      for (const auto& e : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = e;
-        if (t) see(*t);
-      }
-  }
-  TORCH_CHECK(!(any_mgpu && other), "Expected all tensors to be on the same device, but found at least two devices, mgpu:0 and ",
-              *other, "!");
-}
-
-} // namespace
-
 void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> lock(state_mutex());
   const auto& schema = op.schema();

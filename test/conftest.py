@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+import torch_mgpu  # noqa: F401  (registers the mgpu device)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    torch_mgpu.synchronize()
+    yield
+    try:
+        torch_mgpu.synchronize()
+    except Exception:
+        pass
+
+
+def assert_same(mgpu_tensor, cpu_tensor, exact=True):
+    """The mgpu tensor, brought to the host, equals the eager CPU result."""
+    assert mgpu_tensor.device.type == "mgpu", mgpu_tensor.device
+    got = mgpu_tensor.cpu()
+    assert got.shape == cpu_tensor.shape and got.dtype == cpu_tensor.dtype
+    if exact:
+        assert torch.equal(got, cpu_tensor), (got, cpu_tensor)
+    else:
+        torch.testing.assert_close(got, cpu_tensor)

@@ -1,0 +1,212 @@
+"""Conformance against PyTorch's own OpInfo database.
+
+Runs every float32 sample input of every op in
+`torch.testing._internal.common_methods_invocations.op_db` on mgpu and on
+CPU, and compares. Writes per-op counts (pass, mismatch, error, crash) to a
+report file and prints the pass rate over the ops that run on CPU.
+
+    python test/opinfo_harness.py                  # every op (minutes)
+    python test/opinfo_harness.py --every 6        # a bounded subset (CI)
+    python test/opinfo_harness.py --ops add,mm     # named ops
+
+Ops run in worker processes: a crash or hang is recorded against the op that
+caused it and a new worker takes the next op.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Ops whose results are random draws: compared by shape and dtype only.
+RANDOM_OPS = {
+    "bernoulli", "normal", "uniform", "multinomial", "randint_like", "rand_like", "randn_like",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
+    "cauchy", "exponential", "geometric", "log_normal", "randint", "randn", "rand", "normal.number_mean",
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d", "empty", "empty_like",
+    "new_empty", "new_empty_strided", "empty_strided", "empty_permuted", "torch.empty", "bernoulli",
+    "nn.functional.multi_head_attention_forward", "uniform",
+}
+
+
+def op_key(op):
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def worker(names):
+    import torch
+    import torch_mgpu  # noqa: F401
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    by_key = {op_key(op): op for op in op_db}
+    for key in names:
+        op = by_key[key]
+        print(json.dumps({"start": key}), flush=True)
+        res = {"op": key, "samples": 0, "pass": 0, "mismatch": 0, "error": 0, "cpu_error": 0, "first": ""}
+        try:
+            if torch.float32 not in op.supported_dtypes("cpu"):
+                res["skipped"] = "no float32 on cpu"
+                print(json.dumps(res), flush=True)
+                continue
+            samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+        except Exception as e:  # the database itself failed for this op
+            res["skipped"] = f"sample generation failed: {type(e).__name__}"
+            print(json.dumps(res), flush=True)
+            continue
+        for sample in samples:
+            res["samples"] += 1
+            torch.manual_seed(0)
+            try:
+                expected = op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:
+                res["cpu_error"] += 1
+                continue
+            moved = sample.transform(lambda t: t.to("mgpu") if isinstance(t, torch.Tensor) else t)
+            try:
+                torch.manual_seed(0)
+                got = op(moved.input, *moved.args, **moved.kwargs)
+                got = tree_to_cpu(got)
+            except Exception as e:
+                res["error"] += 1
+                if not res["first"]:
+                    res["first"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                continue
+            try:
+                compare(expected, got, key in RANDOM_OPS or op.name in RANDOM_OPS)
+                res["pass"] += 1
+            except Exception as e:
+                res["mismatch"] += 1
+                if not res["first"]:
+                    res["first"] = f"mismatch: {str(e).splitlines()[0][:200]}"
+        print(json.dumps(res), flush=True)
+
+
+def tree_to_cpu(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.cpu() if x.device.type == "mgpu" else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(tree_to_cpu(e) for e in x) if not hasattr(x, "_fields") else type(x)(*(tree_to_cpu(e) for e in x))
+    return x
+
+
+def compare(expected, got, shape_only):
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        assert got.device.type == "cpu"
+        if shape_only:
+            assert expected.shape == got.shape and expected.dtype == got.dtype, "shape/dtype differ"
+            return
+        torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
+    elif isinstance(expected, (list, tuple)):
+        assert len(expected) == len(got), "length differs"
+        for e, g in zip(expected, got):
+            compare(e, g, shape_only)
+    elif isinstance(expected, float) and expected != expected:
+        assert got != got
+    else:
+        assert expected == got, f"{expected!r} != {got!r}"
+
+
+def all_keys():
+    out = subprocess.check_output(
+        [sys.executable, "-c",
+         "from torch.testing._internal.common_methods_invocations import op_db\n"
+         "print('\\n'.join(o.name + ('.' + o.variant_test_name if o.variant_test_name else '') for o in op_db))"],
+        text=True)
+    return [l for l in out.splitlines() if l]
+
+
+def drive(keys, timeout, report):
+    results = {}
+    todo = list(keys)
+    while todo:
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        current = None
+        last = time.time()
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        hung = False
+        while True:
+            if not sel.select(timeout=1.0):
+                if proc.poll() is not None:
+                    break
+                if current and time.time() - last > timeout:
+                    proc.kill()
+                    hung = True
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            msg = json.loads(line)
+            last = time.time()
+            if "start" in msg:
+                current = msg["start"]
+            else:
+                results[msg["op"]] = msg
+                current = None
+        proc.wait()
+        done = set(results)
+        if current is not None and current not in done:
+            results[current] = {"op": current, "samples": 0, "pass": 0, "mismatch": 0, "error": 0,
+                                "cpu_error": 0, "crash": 1, "first": "hang" if hung else f"crash (exit {proc.returncode})"}
+        todo = [k for k in todo if k not in results]
+    return results
+
+
+def summarize(results, report):
+    ran = [r for r in results.values() if not r.get("skipped") and r["samples"] > r["cpu_error"]]
+    passed = [r for r in ran if r["pass"] == r["samples"] - r["cpu_error"] and not r.get("crash")]
+    crashes = [r for r in results.values() if r.get("crash")]
+    with open(report, "w") as f:
+        f.write(f"# mgpu OpInfo conformance: {len(passed)}/{len(ran)} ops pass all float32 samples "
+                f"({100.0 * len(passed) / max(1, len(ran)):.1f}%), {len(crashes)} crashed or hung\n")
+        f.write("# op samples pass mismatch error cpu_error crash first_failure\n")
+        for k in sorted(results):
+            r = results[k]
+            if r.get("skipped"):
+                f.write(f"{k} skipped: {r['skipped']}\n")
+                continue
+            f.write(f"{k} {r['samples']} {r['pass']} {r['mismatch']} {r['error']} {r['cpu_error']} "
+                    f"{r.get('crash', 0)} {r['first']}\n")
+    return len(passed), len(ran), len(crashes)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker")
+    ap.add_argument("--ops", help="comma-separated op names")
+    ap.add_argument("--every", type=int, default=1, help="take every k-th op (bounded subset)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds without progress = hang")
+    ap.add_argument("--report", default=os.path.join(HERE, "opinfo_report.txt"))
+    ap.add_argument("--min-pass-rate", type=float, default=0.0)
+    a = ap.parse_args()
+    if a.worker:
+        worker(a.worker.split(","))
+        return 0
+    keys = all_keys()
+    if a.ops:
+        wanted = set(a.ops.split(","))
+        keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
+    keys = keys[:: a.every]
+    t0 = time.time()
+    results = drive(keys, a.timeout, a.report)
+    p, n, c = summarize(results, a.report)
+    rate = p / max(1, n)
+    print(f"OpInfo: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
+          f"{time.time() - t0:.0f}s; report in {a.report}")
+    return 0 if rate >= a.min_pass_rate and c == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Lazy capture and materialization: ops stay pending until a sync point."""
+import gc
+import resource
+
+import pytest
+import torch
+
+import torch_mgpu
+from conftest import assert_same
+
+
+def pending_after(fn):
+    torch_mgpu.synchronize()
+    keep = fn()
+    return torch_mgpu.pending_ops(), keep
+
+
+def test_issue_example():
+    torch.manual_seed(0)
+    a_cpu = torch.randn(64, 64)
+    a = a_cpu.to("mgpu")
+    b = torch.randn(64, 64, device="mgpu")
+    c = (a @ b).relu() + a.sum(dim=0)
+    assert torch_mgpu.pending_ops() >= 3
+    assert c.shape == (64, 64) and c.dtype == torch.float32 and c.device.type == "mgpu"
+    b_cpu = b.cpu()
+    torch.testing.assert_close(c.cpu(), (a_cpu @ b_cpu).relu() + a_cpu.sum(dim=0))
+    assert torch_mgpu.pending_ops() == 0
+
+
+@pytest.mark.parametrize("trigger", ["cpu", "to", "item", "tolist", "print", "bool", "synchronize", "numpy"])
+def test_sync_triggers(trigger, capsys):
+    x_cpu = torch.randn(4)
+    x = x_cpu.to("mgpu")
+    y = (x * 2).sum()
+    assert torch_mgpu.pending_ops() > 0
+    expected = (x_cpu * 2).sum()
+    if trigger == "cpu":
+        assert torch.equal(y.cpu(), expected)
+    elif trigger == "to":
+        assert torch.equal(y.to("cpu"), expected)
+    elif trigger == "item":
+        assert y.item() == expected.item()
+    elif trigger == "tolist":
+        assert (x * 2).tolist() == (x_cpu * 2).tolist()
+    elif trigger == "print":
+        print(y)
+        assert f"{expected.item():.4f}" in capsys.readouterr().out
+    elif trigger == "bool":
+        assert bool(y > -1e9)
+    elif trigger == "synchronize":
+        torch_mgpu.synchronize()
+    elif trigger == "numpy":
+        assert y.cpu().numpy() == expected.numpy()
+    assert torch_mgpu.pending_ops() == 0
+
+
+def test_pending_graph_limit_triggers_sync():
+    old = torch_mgpu.max_pending_ops()
+    torch_mgpu.set_max_pending_ops(50)
+    try:
+        x = torch.randn(8, device="mgpu")
+        syncs = torch_mgpu.stats()["syncs"]
+        for _ in range(200):
+            x = x + 1
+            assert torch_mgpu.pending_ops() <= 51
+        assert torch_mgpu.stats()["syncs"] >= syncs + 3
+    finally:
+        torch_mgpu.set_max_pending_ops(old)
+    with pytest.raises(RuntimeError, match="positive"):
+        torch_mgpu.set_max_pending_ops(0)
+
+
+def test_to_copies_like_eager():
+    src = torch.randn(5)
+    m = src.to("mgpu")
+    src.add_(100)  # mutating the source afterwards must not reach the copy
+    assert_same(m, src - 100, exact=False)
+    back = m.cpu()
+    back.add_(1)  # and .cpu() copies too
+    assert not torch.equal(back, m.cpu())
+
+
+def test_dead_code_elimination():
+    x = torch.randn(32, 32, device="mgpu")
+    torch_mgpu.synchronize()
+    executed = torch_mgpu.stats()["ops_executed"]
+    keep = x @ x
+    dropped = (x @ x).exp().sin()  # noqa: F841
+    del dropped
+    keep.cpu()
+    assert torch_mgpu.stats()["ops_executed"] - executed == 1
+
+
+def test_metadata_cache_hits_on_repeat():
+    x = torch.randn(16, 16, device="mgpu")
+    (x @ x).relu()
+    hits = torch_mgpu.stats()["meta_cache_hits"]
+    (x @ x).relu()
+    assert torch_mgpu.stats()["meta_cache_hits"] >= hits + 2
+
+
+def rss_kib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def test_no_memory_growth_over_many_cycles():
+    x = torch.randn(256, 256, device="mgpu")
+    def cycle():
+        y = x
+        for _ in range(10):
+            y = torch.tanh(y @ x) + 1
+        return y.sum().item()
+    for _ in range(20):
+        cycle()
+    gc.collect()
+    before = rss_kib()
+    for _ in range(200):
+        cycle()
+    gc.collect()
+    growth_mib = (rss_kib() - before) / 1024
+    assert growth_mib < 20, f"max RSS grew {growth_mib:.1f} MiB over 200 capture/sync cycles"
+    assert torch_mgpu.pending_ops() == 0
+
+
+def test_graph_memory_released_after_execution():
+    import weakref
+    x = torch.randn(128, 128, device="mgpu")
+    y = (x @ x).relu()
+    torch_mgpu.synchronize()
+    # After the sync, y's storage holds bytes, not a graph: nothing pending
+    # and a second sync runs nothing.
+    executed = torch_mgpu.stats()["ops_executed"]
+    torch_mgpu.synchronize()
+    y.cpu()
+    assert torch_mgpu.stats()["ops_executed"] == executed
+    assert torch_mgpu.pending_ops() == 0
+
+
+def test_empty_then_fill_and_uninitialized_read():
+    e = torch.empty(3, 4, device="mgpu")
+    assert e.cpu().shape == (3, 4)
+    e.fill_(2.5)
+    assert torch.equal(e.cpu(), torch.full((3, 4), 2.5))
+
+
+def test_dtypes_and_conversions():
+    a = torch.arange(10, device="mgpu")
+    assert a.dtype == torch.int64
+    assert torch.equal(a.cpu(), torch.arange(10))
+    b = a.to(torch.float16) / 3
+    torch.testing.assert_close(b.cpu(), torch.arange(10).to(torch.float16) / 3)
+    c = (a > 4)
+    assert c.dtype == torch.bool and c.cpu().tolist() == (torch.arange(10) > 4).tolist()
+
+
+def test_data_dependent_ops_run_eagerly():
+    x_cpu = torch.randn(20)
+    x = x_cpu.to("mgpu")
+    nz = torch.nonzero(x > 0)
+    assert nz.device.type == "mgpu"
+    assert torch.equal(nz.cpu(), torch.nonzero(x_cpu > 0))
+    ms = x[x > 0]
+    assert torch.equal(ms.cpu(), x_cpu[x_cpu > 0])
+    u = torch.unique(torch.tensor([3, 1, 3, 2]).to("mgpu"))
+    assert u.cpu().tolist() == [1, 2, 3]
