@@ -213,42 +213,63 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
 // and raise eager's "not implemented for" error at the call. Other probe
 // errors (the tiny shapes may not fit) are ignored. Ops that draw random
 // numbers are not probed: the probe must not move any generator.
-void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  const auto& schema = op.schema();
-  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
-  auto tiny = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !is_mgpu(t)) return t;
-    std::vector<int64_t> sizes = t.sizes().vec();
-    for (auto& d : sizes) d = std::min<int64_t>(d, 1);
-    return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
-  };
+at::Tensor tiny_on(const at::Tensor& t, c10::DeviceType device) {
+  if (!t.defined() || !is_mgpu(t)) return t;
+  std::vector<int64_t> sizes = t.sizes().vec();
+  for (auto& d : sizes) d = std::min<int64_t>(d, 1);
+  return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()).device(device));
+}
+
+torch::jit::Stack tiny_stack(const std::vector<c10::IValue>& args, c10::DeviceType device) {
   torch::jit::Stack s;
   for (const auto& v : args) {
-    if (v.isTensor()) s.emplace_back(tiny(v.toTensor()));
-    else if (v.isTensorList()) {
+    if (v.isTensor()) {
+      s.emplace_back(tiny_on(v.toTensor(), device));
+    } else if (v.isTensorList()) {
       c10::List<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(tiny(t));
+      for (const auto& t : v.toTensorList()) l.push_back(tiny_on(t, device));
       s.emplace_back(l);
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> l;
       for (const auto& e : v.toOptionalTensorList()) {
         std::optional<at::Tensor> t = e;
-        l.push_back(t ? std::optional<at::Tensor>(tiny(*t)) : std::nullopt);
+        l.push_back(t ? std::optional<at::Tensor>(tiny_on(*t, device)) : std::nullopt);
       }
       s.emplace_back(l);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      s.emplace_back(c10::Device(c10::kCPU));
+      s.emplace_back(c10::Device(device));
     } else {
       s.push_back(v);
     }
   }
+  return s;
+}
+
+// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
+// implementation for a dtype raises only when run. Run the op once per new
+// signature on tiny zero tensors of the same dtypes (every dim clamped to 1)
+// and raise eager's "not implemented for" error at the call. The tiny call
+// must pass the Meta kernel's checks first, so that a CPU kernel never sees
+// shapes its callers would refuse; other probe errors are ignored. Ops that
+// draw random numbers are not probed: the probe must not move a generator.
+void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const auto& schema = op.schema();
+  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  at::AutoDispatchBelowADInplaceOrView guard;
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
   try {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+    auto ms = tiny_stack(args, c10::kMeta);
+    op.callBoxed(&ms);
+  } catch (const std::exception&) {
+    return;
+  }
+  try {
+    auto s = tiny_stack(args, c10::kCPU);
     op.callBoxed(&s);
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();
     if (msg.find("not implemented for '") != std::string::npos) throw;
+  } catch (const std::exception&) {
   }
 }
 
@@ -460,17 +481,21 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
 
 namespace {
 
-// Functional ops that other backends get from a CompositeExplicitAutograd-
-// NonFunctional kernel (empty + resize_ + the out= variant) are taken over
-// here when they have CPU and Meta kernels, so that `a + b` records one
-// functional node, as the CPU backend runs one kernel.
+// Ops that other backends get from a composite kernel while CPU has its own
+// (functional ops as empty + resize_ + out=; native_layer_norm as batch
+// norm) are taken over here when they have CPU and Meta kernels, so that
+// mgpu records the op CPU runs: one node, and eager's numerics.
 struct DirectKernels {
   std::unique_ptr<torch::Library> lib;
   DirectKernels() {
     auto& d = c10::Dispatcher::singleton();
     lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                            __FILE__, __LINE__);
-    for (const auto& name : d.getAllOpNamesForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    std::vector<c10::OperatorName> names;
+    for (auto key : {c10::DispatchKey::CompositeExplicitAutogradNonFunctional,
+                     c10::DispatchKey::CompositeExplicitAutograd})
+      for (auto& n : d.getAllOpNamesForDispatchKey(key)) names.push_back(n);
+    for (const auto& name : names) {
       if (name.name.rfind("aten::", 0) != 0 || name.name == "aten::copy_") continue;
       auto op = d.findOp(name);
       if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
@@ -481,6 +506,10 @@ struct DirectKernels {
       if (!name.overload_name.empty()) full += "." + name.overload_name;
       lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
     }
+    // Composite kernels that send unknown backends to an "_overrideable" op
+    // that only raises: record the op itself and run CPU's kernel.
+    for (const char* name : {"convolution", "convolution_backward"})
+      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
 DirectKernels g_direct_kernels;

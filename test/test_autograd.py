@@ -1,0 +1,100 @@
+"""Autograd on mgpu: backward records lazily, grads live on mgpu, and real
+torch.nn modules train step for step like on CPU."""
+import copy
+
+import pytest
+import torch
+
+import torch_mgpu
+
+
+def test_backward_is_lazy_and_grads_on_mgpu():
+    w_cpu = torch.randn(8, 4, requires_grad=True)
+    w = w_cpu.detach().to("mgpu").requires_grad_()
+    x_cpu = torch.randn(5, 8)
+    x = x_cpu.to("mgpu")
+    loss = torch.tanh(x @ w).pow(2).mean()
+    torch_mgpu.synchronize()
+    loss.backward()
+    assert torch_mgpu.pending_ops() > 0  # the backward ops are recorded, not run
+    assert w.grad.device.type == "mgpu"
+    torch.tanh(x_cpu @ w_cpu).pow(2).mean().backward()
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+class Tower(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(6)
+        self.fc = torch.nn.Linear(6 * 8 * 8, 10)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.fc(self.drop(x.flatten(1)))
+
+
+MODELS = {
+    "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                        torch.nn.Linear(32, 3)), (16, 8), "ce"),
+    "conv_bn": (Tower, (4, 3, 8, 8), "ce"),
+    "lstm": (lambda: torch.nn.LSTM(6, 12, batch_first=True), (3, 5, 6), "mse"),
+    "gru": (lambda: torch.nn.GRU(6, 12, num_layers=2), (5, 3, 6), "mse"),
+    "transformer_layer": (lambda: torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True),
+                          (2, 5, 16), "mse"),
+}
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_module_trains_like_cpu(model_name, opt_name):
+    make, shape, loss_kind = MODELS[model_name]
+    torch.manual_seed(0)
+    ref = make()
+    mg = copy.deepcopy(ref).to("mgpu")
+    assert all(p.device.type == "mgpu" for p in mg.parameters())
+    make_opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+                "adam": lambda p: torch.optim.Adam(p, lr=0.01)}[opt_name]
+    o_ref, o_mg = make_opt(ref.parameters()), make_opt(mg.parameters())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(*shape, generator=g)
+        for model, opt, dev in [(ref, o_ref, "cpu"), (mg, o_mg, "mgpu")]:
+            opt.zero_grad()
+            out = model(x.to(dev))
+            out = out[0] if isinstance(out, tuple) else out
+            if loss_kind == "ce":
+                target = torch.arange(out.shape[0]).remainder(out.shape[1]).to(dev)
+                loss = torch.nn.functional.cross_entropy(out, target)
+            else:
+                loss = out.pow(2).mean()
+            loss.backward()
+            opt.step()
+            if dev == "cpu":
+                ref_loss = loss.item()
+            else:
+                assert abs(loss.item() - ref_loss) <= 1e-4 * max(1.0, abs(ref_loss))
+    for p_ref, p_mg in zip(ref.parameters(), mg.parameters()):
+        torch.testing.assert_close(p_mg.cpu(), p_ref, rtol=1e-4, atol=1e-5)
+        assert p_mg.grad.device.type == "mgpu"
+    for b_ref, b_mg in zip(ref.buffers(), mg.buffers()):
+        torch.testing.assert_close(b_mg.cpu(), b_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_no_grad_and_detach():
+    x = torch.randn(3, device="mgpu", requires_grad=True)
+    with torch.no_grad():
+        y = x * 2
+    assert not y.requires_grad
+    z = (x * 3).detach()
+    assert not z.requires_grad
+    (x * x).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu())
+
+
+def test_grad_accumulates():
+    w = torch.randn(4, device="mgpu", requires_grad=True)
+    for _ in range(3):
+        (w * 2).sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.full((4,), 6.0))
