@@ -124,42 +124,52 @@ def all_keys():
     return [l for l in out.splitlines() if l]
 
 
-def drive(keys, timeout, report):
+def drive(keys, timeout):
+    """Runs `keys` in workers; a worker that dies or stalls is charged to its
+    current op and replaced by a new worker for the remaining ops."""
+    import queue
+    import threading
+
     results = {}
     todo = list(keys)
     while todo:
         proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        current = None
-        last = time.time()
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        hung = False
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lines = queue.Queue()
+
+        def pump(stream=proc.stdout):
+            for line in stream:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        current, hung = None, False
         while True:
-            if not sel.select(timeout=1.0):
-                if proc.poll() is not None:
-                    break
-                if current and time.time() - last > timeout:
-                    proc.kill()
-                    hung = True
-                    break
-                continue
-            line = proc.stdout.readline()
-            if not line:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                proc.kill()
+                hung = True
+                break
+            if line is None:
                 break
             msg = json.loads(line)
-            last = time.time()
             if "start" in msg:
                 current = msg["start"]
             else:
                 results[msg["op"]] = msg
                 current = None
         proc.wait()
-        done = set(results)
-        if current is not None and current not in done:
+        if current is not None and current not in results:
             results[current] = {"op": current, "samples": 0, "pass": 0, "mismatch": 0, "error": 0,
-                                "cpu_error": 0, "crash": 1, "first": "hang" if hung else f"crash (exit {proc.returncode})"}
+                                "cpu_error": 0, "crash": 1,
+                                "first": "hang" if hung else f"crash (exit {proc.returncode})"}
+        elif current is None and proc.returncode != 0 and not hung:
+            # Died between ops: charge the next op so that progress is made.
+            nxt = next((k for k in todo if k not in results), None)
+            if nxt:
+                results[nxt] = {"op": nxt, "samples": 0, "pass": 0, "mismatch": 0, "error": 0, "cpu_error": 0,
+                                "crash": 1, "first": f"crash (exit {proc.returncode})"}
         todo = [k for k in todo if k not in results]
     return results
 
@@ -200,7 +210,7 @@ def main():
         keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
     keys = keys[:: a.every]
     t0 = time.time()
-    results = drive(keys, a.timeout, a.report)
+    results = drive(keys, a.timeout)
     p, n, c = summarize(results, a.report)
     rate = p / max(1, n)
     print(f"OpInfo: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "

@@ -87,18 +87,27 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     if (n.seed) {
+      // One seeded op at a time; the generator's own mutex is not held while
+      // the op runs, since the op locks it to draw.
       std::lock_guard<std::mutex> lock(global_generator_mutex());
       auto gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> glock(gen.mutex());
-      auto saved = gen.clone();
-      gen.set_current_seed(*n.seed);
+      at::Generator saved;
+      {
+        std::lock_guard<std::mutex> glock(gen.mutex());
+        saved = gen.clone();
+        gen.set_current_seed(*n.seed);
+      }
+      auto restore = [&] {
+        std::lock_guard<std::mutex> glock(gen.mutex());
+        gen.set_state(saved.get_state());
+      };
       try {
         n.op->callBoxed(&stack);
       } catch (...) {
-        gen.set_state(saved.get_state());
+        restore();
         throw;
       }
-      gen.set_state(saved.get_state());
+      restore();
     } else {
       n.op->callBoxed(&stack);
     }

@@ -1,0 +1,71 @@
+"""Failures: errors at the call as eager raises them; a failure during
+execution surfaces at the sync point and leaves every tensor usable."""
+import threading
+
+import pytest
+import torch
+
+import torch_mgpu
+
+
+def test_data_dependent_error_surfaces_at_sync_and_tensors_stay_usable():
+    x_cpu = torch.randn(5, 3)
+    x = x_cpu.to("mgpu")
+    other = (x * 2).sum(0)  # independent work in the same graph
+    bad_index = torch.tensor([0, 9]).to("mgpu")
+    y = x.index_select(0, bad_index)  # out of range: only the data says so
+    with pytest.raises((IndexError, RuntimeError), match="out of range|index"):
+        torch_mgpu.synchronize()
+    # The independent result computed; the failed one raises again, clearly.
+    torch.testing.assert_close(other.cpu(), (x_cpu * 2).sum(0))
+    with pytest.raises(RuntimeError, match="lost|out of range|index"):
+        y.cpu()
+    # Inputs are untouched and later work on them runs.
+    assert torch.equal(x.cpu(), x_cpu)
+    assert torch.equal((x + 1).cpu(), x_cpu + 1)
+
+
+def test_failed_inplace_leaves_tensor_as_before():
+    base_cpu = torch.randn(4, 2)
+    base = base_cpu.to("mgpu")
+    keep = base * 1  # a second reader: the write cannot reuse the bytes
+    base.index_add_(0, torch.tensor([7]).to("mgpu"), torch.ones(1, 2, device="mgpu"))
+    with pytest.raises((IndexError, RuntimeError)):
+        torch_mgpu.synchronize()
+    assert torch.equal(base.cpu(), base_cpu)
+    assert torch.equal(keep.cpu(), base_cpu)
+    base.add_(1)
+    assert torch.equal(base.cpu(), base_cpu + 1)
+
+
+def test_threads_capture_at_once():
+    errors = []
+
+    def work(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            a = torch.randn(32, 32, generator=g)
+            x = a.to("mgpu")
+            for _ in range(20):
+                x = torch.tanh(x @ x.t()) + 0.5
+                a = torch.tanh(a @ a.t()) + 0.5
+            torch.testing.assert_close(x.cpu(), a)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_bad_inputs_raise_clear_errors():
+    a = torch.randn(2, 3, device="mgpu")
+    with pytest.raises(RuntimeError, match="shape|size"):
+        a.view(4, 4)
+    with pytest.raises(IndexError):
+        a[5]
+    with pytest.raises(RuntimeError):
+        a.expand(3, 3, 4)
