@@ -1,0 +1,162 @@
+// The IR alone: nodes, values, hashing, graph building, printing. No op runs.
+#include "ir/graph.h"
+
+#include <gtest/gtest.h>
+
+using namespace torch_mgpu::ir;
+
+namespace {
+
+TensorGeometry geom(std::vector<int64_t> sizes) {
+  TensorGeometry g;
+  g.sizes = sizes;
+  g.strides.assign(sizes.size(), 1);
+  for (int i = static_cast<int>(sizes.size()) - 2; i >= 0; --i) g.strides[i] = g.strides[i + 1] * sizes[i + 1];
+  return g;
+}
+
+// A pending op node reading `inputs` (each as a whole tensor of `shape`).
+NodePtr op(const std::string& name, std::vector<Value> inputs, std::vector<int64_t> shape = {4, 4},
+           c10::IValue constant = c10::IValue(1.0)) {
+  auto n = std::make_shared<Node>();
+  n->name = name;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Arg a;
+    a.kind = Arg::Kind::Tensor;
+    a.tensors.push_back(TensorRef{static_cast<int>(k), geom(shape)});
+    n->args.push_back(a);
+    n->operands.push_back(inputs[k]);
+  }
+  Arg c;
+  c.constant = constant;
+  n->args.push_back(c);
+  Output o;
+  o.nbytes = 64;
+  o.returned = 0;
+  o.geom = geom(shape);
+  n->outputs.push_back(o);
+  return n;
+}
+
+Value v(NodePtr n) { return Value{std::move(n), 0}; }
+
+Value leaf() {
+  return v(make_empty(64));
+}
+
+} // namespace
+
+TEST(Hash, EqualStructureHashesEqual) {
+  auto x = leaf();
+  auto add1 = op("aten::add", {x, x});
+  auto add2 = op("aten::add", {x, x});
+  auto add3 = op("aten::mul", {x, x});
+  auto add4 = op("aten::add", {x, x}, {2, 8});
+  auto add5 = op("aten::add", {x, x}, {4, 4}, c10::IValue(2.0));
+  EXPECT_EQ(add1->hash(), add2->hash());
+  EXPECT_NE(add1->hash(), add3->hash());
+  EXPECT_NE(add1->hash(), add4->hash());
+  EXPECT_NE(add1->hash(), add5->hash());
+}
+
+TEST(Hash, GraphHashSeesEdges) {
+  auto x = leaf(), y = leaf();
+  auto a = v(op("aten::mm", {x, y}));
+  auto b = v(op("aten::relu", {a}));
+  auto g1 = build_graph({b});
+  // Same ops, but relu reads x directly: a different graph.
+  auto a2 = v(op("aten::mm", {x, y}));
+  auto b2 = v(op("aten::relu", {x}));
+  auto g2 = build_graph({a2, b2});
+  auto a3 = v(op("aten::mm", {x, y}));
+  auto b3 = v(op("aten::relu", {a3}));
+  auto g3 = build_graph({b3});
+  EXPECT_EQ(g1.hash, g3.hash);
+  EXPECT_NE(g1.hash, g2.hash);
+}
+
+TEST(Graph, TopologicalOrderAndEdgesOnDiamond) {
+  auto x = leaf();
+  auto top = v(op("top", {x}));
+  auto left = v(op("left", {top}));
+  auto right = v(op("right", {top}));
+  auto bottom = v(op("bottom", {left, right}));
+  auto g = build_graph({bottom});
+  ASSERT_EQ(g.size(), 4u);
+  std::vector<int> pos(4);
+  for (size_t i = 0; i < g.size(); ++i) {
+    for (int d : g.deps[i]) EXPECT_LT(d, static_cast<int>(i));
+  }
+  EXPECT_EQ(g.nodes.front()->name, "top");
+  EXPECT_EQ(g.nodes.back()->name, "bottom");
+  EXPECT_EQ(g.deps.back().size(), 2u);
+  EXPECT_EQ(g.users[0].size(), 2u);
+}
+
+TEST(Graph, OnlyPendingNodesAndDeepChains) {
+  auto x = leaf();
+  Value cur = x;
+  for (int i = 0; i < 200000; ++i) cur = v(op("aten::add", {cur}));
+  auto g = build_graph({cur});  // iterative: no stack overflow
+  EXPECT_EQ(g.size(), 200000u);
+  EXPECT_EQ(g.deps[0].size(), 0u);  // the Empty leaf is not a graph node
+}
+
+TEST(Graph, DeadBranchesFreedByReferenceCount) {
+  int64_t before = pending_op_count();
+  auto x = leaf();
+  Value keep = v(op("keep", {x}));
+  {
+    Value dropped = v(op("dropped", {keep}));
+    EXPECT_EQ(pending_op_count(), before + 2);
+  }
+  EXPECT_EQ(pending_op_count(), before + 1);
+  auto g = build_graph({keep});
+  EXPECT_EQ(g.size(), 1u);
+  // Destroying a very long chain does not recurse.
+  {
+    Value cur = x;
+    for (int i = 0; i < 300000; ++i) cur = v(op("aten::add", {cur}));
+  }
+  EXPECT_EQ(pending_op_count(), before + 1);
+}
+
+TEST(Graph, ExecutedNodesStopCounting) {
+  int64_t before = pending_op_count();
+  auto n = op("aten::relu", {leaf()});
+  EXPECT_EQ(pending_op_count(), before + 1);
+  mark_executed(*n);
+  EXPECT_EQ(pending_op_count(), before);
+  EXPECT_FALSE(n->is_pending());
+}
+
+TEST(Print, TextAndDot) {
+  auto x = leaf();
+  auto a = v(op("aten::mm", {x, x}));
+  auto b = v(op("aten::relu", {a}));
+  auto g = build_graph({b});
+  auto text = to_text(g);
+  EXPECT_NE(text.find("%0 = aten::mm("), std::string::npos);
+  EXPECT_NE(text.find("%1 = aten::relu(%0)"), std::string::npos);
+  auto dot = to_dot(g, {0, 1});
+  EXPECT_NE(dot.find("digraph"), std::string::npos);
+  EXPECT_NE(dot.find("n0 -> n1"), std::string::npos);
+  EXPECT_NE(dot.find("lane 1"), std::string::npos);
+}
+
+TEST(Nodes, DataAndErrorAreNotPending) {
+  auto e = make_error("boom", 8);
+  EXPECT_FALSE(e->is_pending());
+  EXPECT_EQ(e->error, "boom");
+  auto em = make_empty(16);
+  EXPECT_EQ(em->outputs[0].nbytes, 16u);
+  EXPECT_FALSE(em->is_pending());
+}
+
+TEST(Hash, IValues) {
+  EXPECT_EQ(hash_ivalue(c10::IValue(3)), hash_ivalue(c10::IValue(3)));
+  EXPECT_NE(hash_ivalue(c10::IValue(3)), hash_ivalue(c10::IValue(4)));
+  EXPECT_NE(hash_ivalue(c10::IValue(1.0)), hash_ivalue(c10::IValue(1)));
+  EXPECT_EQ(hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})), hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})));
+  EXPECT_NE(hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})), hash_ivalue(c10::IValue(std::vector<int64_t>{2, 1})));
+}
