@@ -23,6 +23,10 @@ using ir::TensorGeometry;
 // return something other than tensors.
 bool needs_eager(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
+  // Meta kernels that promise other output shapes than CPU delivers.
+  static const std::unordered_set<std::string> meta_disagrees = {"aten::_embedding_bag_forward_only",
+                                                                 "aten::_embedding_bag"};
+  if (meta_disagrees.count(schema.name())) return true;
   if (op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output))
     return true;
   if (schema.returns().empty()) {
@@ -213,58 +217,67 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
 // and raise eager's "not implemented for" error at the call. Other probe
 // errors (the tiny shapes may not fit) are ignored. Ops that draw random
 // numbers are not probed: the probe must not move any generator.
-at::Tensor tiny_on(const at::Tensor& t, c10::DeviceType device) {
+at::Tensor zeros_like_on_cpu(const at::Tensor& t) {
   if (!t.defined() || !is_mgpu(t)) return t;
-  std::vector<int64_t> sizes = t.sizes().vec();
-  for (auto& d : sizes) d = std::min<int64_t>(d, 1);
-  return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()).device(device));
+  return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
 }
 
-torch::jit::Stack tiny_stack(const std::vector<c10::IValue>& args, c10::DeviceType device) {
+int64_t input_numel(const std::vector<c10::IValue>& args) {
+  int64_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) n += t.numel();
+  };
+  for (const auto& v : args) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList())
+      for (const auto& t : v.toTensorList()) add(t);
+    else if (v.isOptionalTensorList())
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        if (t) add(*t);
+      }
+  }
+  return n;
+}
+
+// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
+// implementation for a dtype raises only when run. For a new signature with
+// small inputs, run the call once on CPU over zeros of the same shapes and
+// dtypes, and raise eager's "not implemented for" error at the call. Zeros
+// are valid data for any call the Meta kernel accepted (indices in range,
+// offsets ordered), so the probe is a call eager itself could make. Other
+// probe errors are ignored; large calls are not probed (their dtype errors
+// surface at the sync point). Ops that draw random numbers are not probed:
+// the probe must not move a generator.
+void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  constexpr int64_t kMaxProbeNumel = 1 << 14;
+  const auto& schema = op.schema();
+  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  if (input_numel(args) > kMaxProbeNumel) return;
   torch::jit::Stack s;
   for (const auto& v : args) {
     if (v.isTensor()) {
-      s.emplace_back(tiny_on(v.toTensor(), device));
+      s.emplace_back(zeros_like_on_cpu(v.toTensor()));
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(tiny_on(t, device));
+      for (const auto& t : v.toTensorList()) l.push_back(zeros_like_on_cpu(t));
       s.emplace_back(l);
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> l;
       for (const auto& e : v.toOptionalTensorList()) {
         std::optional<at::Tensor> t = e;
-        l.push_back(t ? std::optional<at::Tensor>(tiny_on(*t, device)) : std::nullopt);
+        l.push_back(t ? std::optional<at::Tensor>(zeros_like_on_cpu(*t)) : std::nullopt);
       }
       s.emplace_back(l);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      s.emplace_back(c10::Device(device));
+      s.emplace_back(c10::Device(c10::kCPU));
     } else {
       s.push_back(v);
     }
   }
-  return s;
-}
-
-// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
-// implementation for a dtype raises only when run. Run the op once per new
-// signature on tiny zero tensors of the same dtypes (every dim clamped to 1)
-// and raise eager's "not implemented for" error at the call. The tiny call
-// must pass the Meta kernel's checks first, so that a CPU kernel never sees
-// shapes its callers would refuse; other probe errors are ignored. Ops that
-// draw random numbers are not probed: the probe must not move a generator.
-void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  const auto& schema = op.schema();
-  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
   try {
-    auto ms = tiny_stack(args, c10::kMeta);
-    op.callBoxed(&ms);
-  } catch (const std::exception&) {
-    return;
-  }
-  try {
-    auto s = tiny_stack(args, c10::kCPU);
     op.callBoxed(&s);
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();

@@ -62,6 +62,8 @@ ir::TensorGeometry geometry_of(const at::Tensor& t) {
   g.sizes = t.sizes().vec();
   g.strides = t.strides().vec();
   g.offset = t.storage_offset();
+  g.conj = t.is_conj();
+  g.neg = t.is_neg();
   return g;
 }
 
@@ -78,27 +80,11 @@ c10::Storage new_storage(size_t nbytes, c10::DeviceIndex device, ir::NodePtr nod
 }
 
 at::Tensor make_lazy_tensor(const c10::Storage& storage, const ir::TensorGeometry& geom) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::scalarTypeToTypeMeta(geom.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
-  return t;
-}
-
-at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(geom.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
-  return t;
+  return ir::make_view(storage, c10::DispatchKey::PrivateUse1, geom);
 }
 
 at::Tensor meta_view(const c10::Storage& meta_storage, const ir::TensorGeometry& geom) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(meta_storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
-      c10::scalarTypeToTypeMeta(geom.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
-  return t;
+  return ir::make_view(meta_storage, c10::DispatchKey::Meta, geom);
 }
 
 std::vector<LazyBuffer*> pending_buffers() {

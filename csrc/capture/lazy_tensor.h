@@ -5,6 +5,7 @@
 // as an IR Value. Views share the StorageImpl exactly as CPU views do; an
 // in-place op records a node that produces the storage's next version.
 #include "ir/node.h"
+#include "ir/view.h"
 
 #include <ATen/ATen.h>
 
@@ -40,8 +41,6 @@ ir::TensorGeometry geometry_of(const at::Tensor& t);
 c10::Storage new_storage(size_t nbytes, c10::DeviceIndex device, ir::NodePtr node = nullptr, int index = 0);
 // An mgpu tensor over `storage` with `geom`.
 at::Tensor make_lazy_tensor(const c10::Storage& storage, const ir::TensorGeometry& geom);
-// A CPU tensor that views `storage` (CPU bytes) with `geom`.
-at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom);
 // A Meta tensor with `geom` over `meta_storage`.
 at::Tensor meta_view(const c10::Storage& meta_storage, const ir::TensorGeometry& geom);
 

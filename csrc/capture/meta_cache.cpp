@@ -28,6 +28,7 @@ void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
   for (auto s : g.sizes) add(s);
   for (auto s : g.strides) add(s);
   add(g.offset);
+  add(static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg));
 }
 
 void SignatureKey::add_ivalue(const c10::IValue& v) {

@@ -25,7 +25,8 @@ uint64_t hash_geometry(uint64_t h, const TensorGeometry& g) {
   for (auto s : g.sizes) h = hash_combine(h, static_cast<uint64_t>(s));
   h = hash_combine(h, 0x5151);
   for (auto s : g.strides) h = hash_combine(h, static_cast<uint64_t>(s));
-  return hash_combine(h, static_cast<uint64_t>(g.offset));
+  h = hash_combine(h, static_cast<uint64_t>(g.offset));
+  return hash_combine(h, static_cast<uint64_t>(g.conj) * 2 + static_cast<uint64_t>(g.neg));
 }
 } // namespace
 

@@ -20,9 +20,11 @@ struct TensorGeometry {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t offset = 0;
+  bool conj = false;  // lazy conjugation bit (complex views)
+  bool neg = false;   // lazy negation bit
   bool operator==(const TensorGeometry& o) const {
     return dtype == o.dtype && sizes == o.sizes && strides == o.strides &&
-        offset == o.offset;
+        offset == o.offset && conj == o.conj && neg == o.neg;
   }
   bool operator!=(const TensorGeometry& o) const { return !(*this == o); }
 };

@@ -12,11 +12,7 @@
 namespace torch_mgpu::runtime {
 
 at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(geom.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(geom.sizes, geom.strides, geom.offset);
-  return t;
+  return ir::make_view(storage, c10::DispatchKey::CPU, geom);
 }
 
 c10::Storage allocate(size_t nbytes) {
@@ -41,7 +37,8 @@ std::mutex& global_generator_mutex() {
 }
 
 ir::TensorGeometry geometry_of_cpu(const at::Tensor& t) {
-  return ir::TensorGeometry{t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+  return ir::TensorGeometry{t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.is_conj(),
+                            t.is_neg()};
 }
 
 c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s) {
@@ -135,7 +132,18 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       if (s.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) aliases = true;
     // The recorded geometry (from Meta) is what the mgpu tensor claims; when
     // the CPU kernel chose another layout, or returned an input, copy.
-    if (aliases || geometry_of_cpu(r) != o.geom || r.storage().nbytes() < o.nbytes) {
+    if (r.sizes() != c10::IntArrayRef(o.geom.sizes)) {
+      // Meta and CPU kernels disagree on the shape of an auxiliary output
+      // that one of them leaves empty (batch norm's saved statistics in eval
+      // mode, embedding_bag's bookkeeping): the mgpu tensor keeps Meta's
+      // shape, filled with zeros. Anything else is a real disagreement.
+      int64_t want = c10::multiply_integers(o.geom.sizes);
+      TORCH_CHECK(r.numel() == 0 || want == 0, "mgpu: ", n.name, " returned shape ", r.sizes(),
+                  " where its Meta kernel promised ", c10::IntArrayRef(o.geom.sizes));
+      c10::Storage fresh = allocate(o.nbytes);
+      if (o.nbytes) std::memset(fresh.mutable_data(), 0, o.nbytes);
+      out.push_back(fresh);
+    } else if (aliases || geometry_of_cpu(r) != o.geom || r.storage().nbytes() < o.nbytes) {
       c10::Storage fresh = allocate(o.nbytes);
       cpu_view(fresh, o.geom).copy_(r);
       out.push_back(fresh);

@@ -3,6 +3,7 @@
 // bytes of each value it reads); its outputs leave as storages. A node that
 // raises fails alone: nodes that need its results are skipped, the rest run.
 #include "ir/graph.h"
+#include "ir/view.h"
 #include "plan/plan.h"
 
 #include <ATen/ATen.h>
