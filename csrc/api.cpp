@@ -36,22 +36,54 @@ c10::Device device(int index) {
   return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)};
 }
 
-LastPlan last_plan() {
+namespace {
+LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   LastPlan out;
-  auto rec = engine::last_plan();
   if (!rec) return out;
   out.valid = true;
   out.text = rec->text;
   out.dot = rec->dot;
   out.policy = rec->policy;
   out.lanes = rec->lane_names;
+  out.lanes_used = rec->lanes_used;
+  out.transfers = rec->transfers;
   out.predicted_makespan = rec->predicted_makespan;
   out.measured_makespan = rec->measured_makespan;
   out.graph_hash = rec->graph_hash;
-  for (size_t i = 0; i < rec->timing.size(); ++i) {
-    const auto& t = rec->timing[i];
-    out.timeline.push_back({static_cast<int>(i), rec->node_names[i], rec->lane_names[t.lane], t.start, t.end});
+  for (size_t i = 0; i < rec->node_names.size(); ++i) {
+    TimelineEntry e{static_cast<int>(i), rec->node_names[i], rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
+    if (i < rec->timing.size()) {
+      e.start = rec->timing[i].start;
+      e.end = rec->timing[i].end;
+    }
+    if (i < rec->predicted_start.size()) {
+      e.predicted_start = rec->predicted_start[i];
+      e.predicted_end = rec->predicted_end[i];
+    }
+    out.timeline.push_back(e);
   }
+  return out;
+}
+} // namespace
+
+LastPlan last_plan() { return to_public(engine::last_plan()); }
+
+void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
+  engine::configure(devices, lanes_per_device, policy);
+}
+
+std::vector<std::string> lanes() { return engine::lane_names(); }
+
+std::string policy() { return engine::policy(); }
+
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy) {
+  auto s = engine::simulate(devices, lanes_per_device, policy);
+  Simulation out;
+  out.makespan = s.makespan;
+  out.lower_bound = s.lower_bound;
+  out.critical_path = s.critical_path;
+  out.total_work = s.total_work;
+  out.plan = to_public(s.plan);
   return out;
 }
 

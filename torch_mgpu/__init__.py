@@ -10,7 +10,7 @@ import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
 from . import device as _device_module
-from ._plan import Plan, last_plan
+from ._plan import Plan, Simulation, last_plan, simulate
 
 if not hasattr(torch, "mgpu"):
     torch.utils.rename_privateuse1_backend("mgpu")
@@ -34,6 +34,31 @@ def stats() -> dict:
     return dict(_C.stats())
 
 
+def configure(devices=None, lanes_per_device=None, policy=None) -> None:
+    """Sets where pending graphs run.
+
+    devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
+    (two virtual devices: values crossing them are copied, as between GPUs),
+    or ["cuda:0", "cuda:1"]. lanes_per_device: lanes on each device (default:
+    the host's cores shared among the devices). policy: "auto" (default),
+    "heft" or "serial". Arguments left None keep their current value.
+    Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY.
+    """
+    if isinstance(devices, str):
+        devices = [devices]
+    devs = [str(d) for d in devices] if devices is not None else []
+    _C.configure(devs, int(lanes_per_device or 0), policy or "")
+
+
+def lanes() -> list:
+    """Names of the lanes plans run on, e.g. ['cpu:0/lane0', 'cpu:0/lane1']."""
+    return list(_C.lanes())
+
+
+def policy() -> str:
+    return _C.policy()
+
+
 def max_pending_ops() -> int:
     return _C.max_pending_ops()
 
@@ -45,6 +70,11 @@ def set_max_pending_ops(n: int) -> None:
 
 __all__ = [
     "synchronize",
+    "configure",
+    "lanes",
+    "policy",
+    "simulate",
+    "Simulation",
     "pending_ops",
     "stats",
     "last_plan",

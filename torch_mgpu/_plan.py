@@ -17,9 +17,28 @@ class Plan:
         self.predicted_makespan = record["predicted_makespan"]
         self.measured_makespan = record["measured_makespan"]
         self.graph_hash = record["graph_hash"]
+        self.lanes_used = record["lanes_used"]
+        self.transfers = record["transfers"]
 
     def timeline(self) -> list:
+        """Per node: {node, op, lane, start, end} measured (seconds from the
+        start of execution) and predicted_start / predicted_end."""
         return [dict(e) for e in self._r["timeline"]]
+
+    def busy_lanes(self) -> set:
+        return {e["lane"] for e in self._r["timeline"]}
+
+    def max_concurrency(self) -> int:
+        """Most nodes measured running at the same instant."""
+        events = []
+        for e in self._r["timeline"]:
+            if e["end"] > e["start"]:
+                events += [(e["start"], 1), (e["end"], -1)]
+        best = cur = 0
+        for _, d in sorted(events, key=lambda x: (x[0], x[1])):
+            cur += d
+            best = max(best, cur)
+        return best
 
     def to_dot(self) -> str:
         return self._r["dot"]
@@ -29,15 +48,16 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [
-            f"Plan: {len(self)} nodes on {len(self.lanes)} lane(s) [{', '.join(self.lanes)}], "
-            f"policy {self.policy}",
+            f"Plan: {len(self)} nodes on {self.lanes_used} of {len(self.lanes)} lane(s) "
+            f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)",
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "
             f"measured {self.measured_makespan * 1e3:.3f} ms",
         ]
         for e in self.timeline():
             lines.append(
                 f"  %{e['node']:<4} {e['op']:<32} {e['lane']:<14} "
-                f"{e['start'] * 1e3:9.3f} .. {e['end'] * 1e3:9.3f} ms"
+                f"{e['start'] * 1e3:9.3f} .. {e['end'] * 1e3:9.3f} ms "
+                f"(predicted {e['predicted_start'] * 1e3:.3f} .. {e['predicted_end'] * 1e3:.3f})"
             )
         return "\n".join(lines)
 
@@ -48,3 +68,25 @@ def last_plan():
     """The plan of the last executed graph, or None before the first sync."""
     r = _C._last_plan()
     return None if r is None else Plan(r)
+
+
+class Simulation:
+    """What simulate() predicts: `makespan`, `lower_bound` (max of
+    `critical_path` and `total_work` over the lanes), seconds, and `plan`."""
+
+    def __init__(self, r: dict):
+        self.makespan = r["makespan"]
+        self.lower_bound = r["lower_bound"]
+        self.critical_path = r["critical_path"]
+        self.total_work = r["total_work"]
+        self.plan = Plan(r["plan"]) if r["plan"] is not None else None
+
+    def __repr__(self) -> str:
+        return (f"Simulation(makespan={self.makespan * 1e3:.3f} ms, lower_bound={self.lower_bound * 1e3:.3f} ms, "
+                f"critical_path={self.critical_path * 1e3:.3f} ms, total_work={self.total_work * 1e3:.3f} ms)")
+
+
+def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None) -> Simulation:
+    """Plans the pending graph for `devices` virtual devices with
+    `lanes_per_device` lanes each, without running anything."""
+    return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or ""))

@@ -4,6 +4,7 @@
 #include "capture/capture.h"
 #include "capture/random.h"
 #include "engine/engine.h"
+#include "runtime/lanes.h"
 #include "stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -152,6 +153,9 @@ at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blockin
   TORCH_CHECK(is_mgpu(src), "mgpu: copy_ reached the mgpu backend with no mgpu tensor");
   c10::Storage data = materialize(src.storage());
   counters().bytes_transferred += src.nbytes();
+  // One thread: an OpenMP team woken here would spin on the cores the lanes
+  // are about to need at the next sync.
+  runtime::ScopedParallelism one(1);
   self.copy_(runtime::cpu_view(data, geometry_of(src)), non_blocking);
   return self;
 }

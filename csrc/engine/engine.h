@@ -6,23 +6,42 @@
 #include "runtime/executor.h"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace torch_mgpu::engine {
 
-// What the last sync ran, for torch_mgpu.last_plan().
+// What a plan ran (or would run), for last_plan() and simulate().
 struct PlanRecord {
   std::string text;          // the graph listing
   std::string dot;           // graphviz with lanes
   std::vector<std::string> node_names;
   std::vector<std::string> lane_names;
-  std::vector<runtime::NodeTiming> timing;
   std::vector<int> lane_of;
+  std::vector<runtime::NodeTiming> timing;  // measured (empty when simulated)
+  std::vector<double> predicted_start, predicted_end;
   std::string policy;
+  int lanes_used = 1;
+  int transfers = 0;
   double predicted_makespan = 0;
   double measured_makespan = 0;
   uint64_t graph_hash = 0;
 };
 
 std::shared_ptr<const PlanRecord> last_plan();
+
+// Lanes and policy. Empty / non-positive arguments keep the current value.
+void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy);
+std::vector<std::string> lane_names();
+std::string policy();
+// The calibrated cost model (measured at first use, then cached).
+const plan::CostModel& cost_model();
+
+struct Simulation {
+  double makespan = 0, lower_bound = 0, critical_path = 0, total_work = 0;
+  std::shared_ptr<const PlanRecord> plan;
+};
+// Plans the pending graph for K virtual devices with S lanes each, runs nothing.
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy);
 
 } // namespace torch_mgpu::engine

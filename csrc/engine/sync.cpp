@@ -3,7 +3,10 @@
 // to the storages, then report the first error if an op raised.
 #include "capture/capture.h"
 #include "engine/engine.h"
+#include "runtime/calibrate.h"
 #include "stats.h"
+
+#include <thread>
 
 #include <algorithm>
 #include <cstdlib>
@@ -62,19 +65,80 @@ ir::Value resolve(ir::Value v, const ir::Graph& g, const std::unordered_map<cons
   }
 }
 
-std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, const runtime::ExecResult& r) {
+std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, const runtime::ExecResult* r) {
   auto rec = std::make_shared<PlanRecord>();
   rec->text = ir::to_text(g);
   rec->dot = ir::to_dot(g, p.lane_of);
   for (const auto& n : g.nodes) rec->node_names.push_back(n->name);
-  rec->lane_names = p.lane_names;
-  rec->timing = r.timing;
+  for (const auto& l : p.lanes) rec->lane_names.push_back(l.name);
   rec->lane_of = p.lane_of;
+  if (r) {
+    rec->timing = r->timing;
+    rec->measured_makespan = r->makespan;
+  }
+  rec->predicted_start = p.predicted_start;
+  rec->predicted_end = p.predicted_end;
   rec->policy = p.policy;
+  rec->lanes_used = p.lanes_used;
+  rec->transfers = p.transfers;
   rec->predicted_makespan = p.predicted_makespan;
-  rec->measured_makespan = r.makespan;
   rec->graph_hash = g.hash;
   return rec;
+}
+
+int host_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(" "));
+    item.erase(item.find_last_not_of(" ") + 1);
+    if (!item.empty()) out.push_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+// Lanes, policy and the plan cache. Guarded by state_mutex().
+struct Config {
+  plan::Topology topo;
+  std::string policy = "auto";
+  std::unordered_map<uint64_t, plan::Plan> plans;  // by graph hash
+  Config() {
+    const char* d = std::getenv("TORCH_MGPU_DEVICES");
+    const char* l = std::getenv("TORCH_MGPU_LANES");
+    const char* p = std::getenv("TORCH_MGPU_POLICY");
+    std::vector<std::string> devices = d ? split(d) : std::vector<std::string>{"cpu"};
+    int lanes = l ? std::atoi(l) : (devices.size() > 1 ? std::max(1, host_cores() / static_cast<int>(devices.size()))
+                                                       : host_cores());
+    topo = plan::make_topology(devices, lanes, host_cores());
+    if (p) policy = p;
+    TORCH_CHECK(topo.cuda == false, "torch_mgpu: CUDA lanes are not available in this build; ",
+                "set TORCH_MGPU_DEVICES to cpu devices");
+  }
+};
+
+Config& config() {
+  static auto* c = new Config();
+  return *c;
+}
+
+plan::Plan plan_for(const ir::Graph& g) {
+  auto& c = config();
+  auto it = c.plans.find(g.hash);
+  if (it != c.plans.end()) {
+    counters().plan_cache_hits++;
+    return it->second;
+  }
+  plan::Plan p = plan::make_plan(g, c.topo, cost_model(), c.policy);
+  counters().plans_built++;
+  if (c.plans.size() >= 1024) c.plans.clear();  // bounded
+  c.plans.emplace(g.hash, p);
+  return p;
 }
 
 } // namespace
@@ -82,6 +146,65 @@ std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, co
 std::shared_ptr<const PlanRecord> last_plan() {
   std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
   return last_plan_slot();
+}
+
+const plan::CostModel& cost_model() {
+  static plan::CostModel cm = [] {
+    const char* skip = std::getenv("TORCH_MGPU_NO_CALIBRATION");
+    return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores());
+  }();
+  return cm;
+}
+
+void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
+  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
+  auto& c = config();
+  if (!policy.empty()) {
+    TORCH_CHECK(policy == "auto" || policy == "heft" || policy == "serial", "torch_mgpu: unknown policy '", policy,
+                "' (expected 'serial', 'heft' or 'auto')");
+  }
+  std::vector<std::string> devs = devices.empty() ? c.topo.devices : devices;
+  int lanes = lanes_per_device > 0 ? lanes_per_device : c.topo.lanes_per_device;
+  if (!devices.empty() && lanes_per_device <= 0)
+    lanes = std::max(1, host_cores() / static_cast<int>(devs.size()));
+  auto topo = plan::make_topology(devs, lanes, host_cores());
+  TORCH_CHECK(!topo.cuda, "torch_mgpu: CUDA lanes are not available in this build (no CUDA device)");
+  capture::sync_all();  // pending work runs where it was planned to
+  c.topo = topo;
+  if (!policy.empty()) c.policy = policy;
+  c.plans.clear();
+}
+
+std::vector<std::string> lane_names() {
+  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
+  std::vector<std::string> out;
+  for (const auto& l : config().topo.lanes) out.push_back(l.name);
+  return out;
+}
+
+std::string policy() {
+  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
+  return config().policy;
+}
+
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy) {
+  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
+  auto& c = config();
+  TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
+  auto topo = plan::virtual_topology(c.topo, devices, lanes_per_device);
+  std::vector<ir::Value> roots;
+  for (auto* b : collect()) roots.push_back(b->value);
+  ir::Graph g = ir::build_graph(roots);
+  const auto& cm = cost_model();
+  plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? c.policy : policy);
+  auto e = plan::estimate(g, topo, cm);
+  Simulation s;
+  s.makespan = p.predicted_makespan;
+  s.lower_bound = e.lower_bound;
+  s.critical_path = e.critical_path;
+  s.total_work = e.total_work;
+  s.plan = describe(g, p, nullptr);
+  return s;
 }
 
 } // namespace engine
@@ -114,15 +237,14 @@ void sync_all() {
   for (auto* b : buffers) roots.push_back(b->value);
 
   ir::Graph g = ir::build_graph(roots);
-  plan::Plan p = plan::make_serial_plan(g);
-  counters().plans_built++;
+  plan::Plan p = plan_for(g);
   counters().syncs++;
   runtime::ExecResult r = runtime::execute(g, p);
 
   std::unordered_map<const ir::Node*, int> index;
   for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
   for (size_t k = 0; k < buffers.size(); ++k) buffers[k]->value = resolve(roots[k], g, index, r, p);
-  last_plan_slot() = describe(g, p, r);
+  last_plan_slot() = describe(g, p, &r);
   for (auto& n : g.nodes) ir::mark_executed(*n);
   if (r.first_error) std::rethrow_exception(r.first_error);
 }

@@ -1,55 +1,310 @@
 #include "plan/plan.h"
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 
 namespace torch_mgpu::plan {
 
-Plan make_serial_plan(const ir::Graph& g) {
-  Plan p;
-  p.lane_names = {"cpu:0/lane0"};
-  p.lane_of.assign(g.size(), 0);
-  p.lane_order.resize(1);
-  for (size_t i = 0; i < g.size(); ++i) p.lane_order[0].push_back(static_cast<int>(i));
-  add_liveness(g, p);
-  return p;
-}
-
-void add_liveness(const ir::Graph& g, Plan& p) {
-  // Readers of each value: (node ptr, output index) -> reading nodes.
-  std::map<std::pair<const ir::Node*, int>, std::vector<int>> readers;
-  for (size_t i = 0; i < g.size(); ++i)
-    for (const auto& v : g.nodes[i]->operands)
-      readers[{v.node.get(), v.index}].push_back(static_cast<int>(i));
-  std::map<std::pair<const ir::Node*, int>, bool> is_root;
-  for (const auto& r : g.roots) is_root[{r.node.get(), r.index}] = true;
-
+namespace {
+std::unordered_map<const ir::Node*, int> index_of(const ir::Graph& g) {
   std::unordered_map<const ir::Node*, int> index;
   for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
+  return index;
+}
+} // namespace
 
-  // Position of each node in a global order consistent with the lanes: with
-  // one lane it is the lane order; with several, the planner's order is kept
-  // and "last reader" means last to finish, which the executor tracks with
-  // counts instead (see runtime). Here: the last reader in topological order.
-  p.free_after.assign(g.size(), {});
+Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+  Estimate e;
+  const size_t n = g.size();
+  e.work.resize(n);
+  std::vector<double> finish(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    e.work[i] = estimate_work(*g.nodes[i]);
+    double c = node_seconds(e.work[i], cm, 1);
+    e.total_work += c;
+    double start = 0;
+    for (int d : g.deps[i]) start = std::max(start, finish[d]);
+    finish[i] = start + c;
+    e.critical_path = std::max(e.critical_path, finish[i]);
+  }
+  e.lower_bound = std::max(e.critical_path, e.total_work / std::max<size_t>(1, t.lanes.size()));
+  return e;
+}
+
+void compute_reuse(const ir::Graph& g, Plan& p) {
+  std::map<std::pair<const ir::Node*, int>, int> readers;
+  for (const auto& node : g.nodes)
+    for (const auto& v : node->operands) readers[{v.node.get(), v.index}]++;
+  std::map<std::pair<const ir::Node*, int>, bool> is_root;
+  for (const auto& r : g.roots) is_root[{r.node.get(), r.index}] = true;
   p.reuse.assign(g.size(), {});
   for (size_t i = 0; i < g.size(); ++i) {
     const auto& n = *g.nodes[i];
     p.reuse[i].assign(n.operands.size(), false);
-    std::vector<bool> writes(n.operands.size(), false);
-    for (const auto& o : n.outputs)
-      if (o.mutated_operand >= 0) writes[o.mutated_operand] = true;
-    for (size_t k = 0; k < n.operands.size(); ++k) {
-      const auto& v = n.operands[k];
+    for (const auto& o : n.outputs) {
+      if (o.mutated_operand < 0) continue;
+      const auto& v = n.operands[o.mutated_operand];
       auto key = std::make_pair(static_cast<const ir::Node*>(v.node.get()), v.index);
-      const auto& rs = readers[key];
-      bool only_reader = rs.size() == 1 && !is_root.count(key);
-      p.reuse[i][k] = writes[k] && only_reader;
-      auto it = index.find(v.node.get());
-      if (it != index.end() && rs.back() == static_cast<int>(i) && !is_root.count(key))
-        p.free_after[i].emplace_back(it->second, v.index);
+      p.reuse[i][o.mutated_operand] = readers[key] == 1 && !is_root.count(key);
     }
   }
+}
+
+std::vector<std::vector<int>> reader_counts(const ir::Graph& g) {
+  auto index = index_of(g);
+  std::vector<std::vector<int>> counts(g.size());
+  for (size_t i = 0; i < g.size(); ++i) counts[i].assign(g.nodes[i]->outputs.size(), 0);
+  for (const auto& node : g.nodes)
+    for (const auto& v : node->operands) {
+      auto it = index.find(v.node.get());
+      if (it != index.end()) counts[it->second][v.index]++;
+    }
+  return counts;
+}
+
+void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+  const size_t n = g.size();
+  p.predicted_start.assign(n, 0.0);
+  p.predicted_end.assign(n, 0.0);
+  std::vector<double> bytes_of(n, 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& o : g.nodes[i]->outputs) bytes_of[i] += static_cast<double>(o.nbytes);
+  // Lanes advance in their order; a node waits for its inputs. Process nodes
+  // in an order consistent with both (a topological order that respects each
+  // lane's sequence): repeatedly take the lane head whose deps are done.
+  std::vector<size_t> head(p.lane_order.size(), 0);
+  std::vector<double> lane_free(p.lane_order.size(), p.lanes_used > 1 ? cm.launch_s : 0.0);
+  std::vector<bool> done(n, false);
+  size_t remaining = n;
+  double makespan = 0;
+  while (remaining) {
+    bool progressed = false;
+    for (size_t l = 0; l < p.lane_order.size(); ++l) {
+      while (head[l] < p.lane_order[l].size()) {
+        int i = p.lane_order[l][head[l]];
+        bool ready = true;
+        for (int d : g.deps[i]) ready &= done[d];
+        if (!ready) break;
+        double start = lane_free[l];
+        for (int d : g.deps[i])
+          start = std::max(start, p.predicted_end[d] + edge_seconds(bytes_of[d], p.lanes[p.lane_of[d]], p.lanes[l], cm));
+        double end = start + node_seconds(estimate_work(*g.nodes[i]), cm, p.threads_per_lane);
+        p.predicted_start[i] = start;
+        p.predicted_end[i] = end;
+        lane_free[l] = end;
+        makespan = std::max(makespan, end);
+        done[i] = true;
+        --remaining;
+        ++head[l];
+        progressed = true;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(progressed, "torch_mgpu: plan order deadlocks (lane orders contradict dependencies)");
+  }
+  p.predicted_makespan = makespan;
+}
+
+namespace {
+
+void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+  p.lanes = t.lanes;
+  int used = 0;
+  for (const auto& o : p.lane_order) used += o.empty() ? 0 : 1;
+  p.lanes_used = std::max(1, used);
+  p.threads_per_lane = p.lanes_used == 1 ? t.cores : t.threads_per_lane(p.lanes_used);
+  p.transfers = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    for (int d : g.deps[i])
+      if (t.lanes[p.lane_of[d]].device != t.lanes[p.lane_of[i]].device) p.transfers++;
+  compute_reuse(g, p);
+  simulate(g, t, cm, p);
+}
+
+// List scheduling of tasks (nodes or clusters of nodes) by upward rank onto
+// the lane with the earliest finish time (HEFT, Topcuoglu et al. 2002).
+struct Tasks {
+  std::vector<std::vector<int>> members;        // nodes of each task, in order
+  std::vector<int> task_of;                     // per node
+  std::vector<double> cost;                     // per task, one thread
+  std::vector<std::vector<int>> preds, succs;   // task edges
+  std::vector<double> out_bytes;                // bytes a task hands to a successor
+};
+
+Tasks node_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, int threads) {
+  Tasks ts;
+  const size_t n = g.size();
+  ts.members.resize(n);
+  ts.task_of.resize(n);
+  ts.cost.resize(n);
+  ts.preds = g.deps;
+  ts.succs = g.users;
+  ts.out_bytes.assign(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    ts.members[i] = {static_cast<int>(i)};
+    ts.task_of[i] = static_cast<int>(i);
+    ts.cost[i] = node_seconds(e.work[i], cm, threads);
+    for (const auto& o : g.nodes[i]->outputs) ts.out_bytes[i] += static_cast<double>(o.nbytes);
+  }
+  return ts;
+}
+
+// Chains (a node whose only producer has it as only consumer) become one
+// task, so that cheap ops never ping-pong between lanes.
+Tasks chain_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, int threads) {
+  const size_t n = g.size();
+  Tasks ts;
+  ts.task_of.assign(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    int t;
+    if (g.deps[i].size() == 1 && g.users[g.deps[i][0]].size() == 1) {
+      t = ts.task_of[g.deps[i][0]];
+    } else {
+      t = static_cast<int>(ts.members.size());
+      ts.members.emplace_back();
+      ts.cost.push_back(0.0);
+      ts.out_bytes.push_back(0.0);
+    }
+    ts.task_of[i] = t;
+    ts.members[t].push_back(static_cast<int>(i));
+    ts.cost[t] += node_seconds(e.work[i], cm, threads);
+    ts.out_bytes[t] = 0;
+    for (const auto& o : g.nodes[i]->outputs) ts.out_bytes[t] += static_cast<double>(o.nbytes);
+  }
+  ts.preds.assign(ts.members.size(), {});
+  ts.succs.assign(ts.members.size(), {});
+  for (size_t i = 0; i < n; ++i)
+    for (int d : g.deps[i]) {
+      int a = ts.task_of[d], b = ts.task_of[i];
+      if (a == b) continue;
+      if (std::find(ts.preds[b].begin(), ts.preds[b].end(), a) == ts.preds[b].end()) {
+        ts.preds[b].push_back(a);
+        ts.succs[a].push_back(b);
+      }
+    }
+  return ts;
+}
+
+Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, const Tasks& ts) {
+  const size_t m = ts.members.size();
+  const auto& lanes = t.lanes;
+  // Mean cost of an edge between two different lanes (HEFT's average).
+  auto mean_comm = [&](int a) {
+    bool multi_device = t.devices.size() > 1;
+    double c = cm.lane_sync_s;
+    if (multi_device) c += cm.transfer_latency_s + ts.out_bytes[a] / cm.transfer_bytes_per_s;
+    return c;
+  };
+  // Tasks come in topological order (members are built in node order and
+  // every edge goes from a lower to a higher first member).
+  std::vector<int> topo(m);
+  for (size_t k = 0; k < m; ++k) topo[k] = static_cast<int>(k);
+  std::sort(topo.begin(), topo.end(), [&](int a, int b) { return ts.members[a][0] < ts.members[b][0]; });
+  std::vector<double> rank(m, 0.0);
+  for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
+    int a = *it;
+    double best = 0;
+    for (int s : ts.succs[a]) best = std::max(best, mean_comm(a) + rank[s]);
+    rank[a] = ts.cost[a] + best;
+  }
+  // Highest rank first, but never before a predecessor.
+  std::vector<int> order;
+  std::vector<int> missing(m);
+  for (size_t k = 0; k < m; ++k) missing[k] = static_cast<int>(ts.preds[k].size());
+  std::vector<int> ready;
+  for (size_t k = 0; k < m; ++k)
+    if (!missing[k]) ready.push_back(static_cast<int>(k));
+  while (!ready.empty()) {
+    auto best = std::max_element(ready.begin(), ready.end(), [&](int a, int b) {
+      return rank[a] < rank[b] || (rank[a] == rank[b] && ts.members[a][0] > ts.members[b][0]);
+    });
+    int a = *best;
+    ready.erase(best);
+    order.push_back(a);
+    for (int s : ts.succs[a])
+      if (--missing[s] == 0) ready.push_back(s);
+  }
+  std::vector<double> lane_free(lanes.size(), 0.0), finish(m, 0.0);
+  std::vector<int> lane_of_task(m, 0);
+  for (int a : order) {
+    int best_lane = 0;
+    double best_end = 0, best_start = 0;
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      double start = lane_free[l];
+      for (int p : ts.preds[a]) {
+        const Lane& from = lanes[lane_of_task[p]];
+        start = std::max(start, finish[p] + edge_seconds(ts.out_bytes[p], from, lanes[l], cm));
+      }
+      double end = start + ts.cost[a];
+      if (l == 0 || end < best_end - 1e-12) {
+        best_end = end;
+        best_start = start;
+        best_lane = static_cast<int>(l);
+      }
+    }
+    (void)best_start;
+    lane_of_task[a] = best_lane;
+    finish[a] = best_end;
+    lane_free[best_lane] = best_end;
+  }
+  Plan p;
+  p.lane_of.assign(g.size(), 0);
+  p.lane_order.assign(lanes.size(), {});
+  for (int a : order)
+    for (int i : ts.members[a]) {
+      p.lane_of[i] = lane_of_task[a];
+      p.lane_order[lane_of_task[a]].push_back(i);
+    }
+  return p;
+}
+
+} // namespace
+
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+  Plan p;
+  p.policy = "serial";
+  p.lane_of.assign(g.size(), 0);
+  p.lane_order.assign(t.lanes.size(), {});
+  for (size_t i = 0; i < g.size(); ++i) p.lane_order[0].push_back(static_cast<int>(i));
+  finish_plan(g, t, cm, p);
+  return p;
+}
+
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+  auto e = estimate(g, t, cm);
+  Plan p = list_schedule(g, t, cm, node_tasks(g, e, cm, t.threads_per_lane(static_cast<int>(t.lanes.size()))));
+  p.policy = "heft";
+  finish_plan(g, t, cm, p);
+  return p;
+}
+
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+  Plan serial = make_serial_plan(g, t, cm);
+  if (t.lanes.size() == 1 || g.size() < 2) {
+    serial.policy = "auto";
+    return serial;
+  }
+  auto e = estimate(g, t, cm);
+  int threads = t.threads_per_lane(static_cast<int>(t.lanes.size()));
+  Plan chains = list_schedule(g, t, cm, chain_tasks(g, e, cm, threads));
+  finish_plan(g, t, cm, chains);
+  Plan heft = list_schedule(g, t, cm, node_tasks(g, e, cm, threads));
+  finish_plan(g, t, cm, heft);
+  // Keep the best prediction; parallelism must pay for itself by a margin.
+  Plan* best = &serial;
+  for (Plan* c : {&chains, &heft})
+    if (c->predicted_makespan < 0.95 * best->predicted_makespan) best = c;
+  best->policy = "auto";
+  return *best;
+}
+
+Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy) {
+  if (policy == "serial") return make_serial_plan(g, t, cm);
+  if (policy == "heft") return make_heft_plan(g, t, cm);
+  TORCH_CHECK(policy == "auto", "torch_mgpu: unknown policy '", policy, "' (expected 'serial', 'heft' or 'auto')");
+  return make_auto_plan(g, t, cm);
 }
 
 } // namespace torch_mgpu::plan

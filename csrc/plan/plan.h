@@ -1,7 +1,11 @@
 #pragma once
-// A Plan says which lane runs each node and in what order, which values die
-// after which node, and which in-place writes may reuse their input's bytes.
+// A Plan says which lane runs each node and in what order, which in-place
+// writes may reuse their input's bytes, and what the cost model predicts.
+// Policies: "serial" (one lane, the reference), "heft" (the textbook list
+// scheduler), "auto" (chain clustering + list scheduling, kept only where
+// it is predicted to beat one lane; never worse than heft by prediction).
 #include "ir/graph.h"
+#include "plan/topology.h"
 
 #include <string>
 #include <vector>
@@ -9,23 +13,46 @@
 namespace torch_mgpu::plan {
 
 struct Plan {
-  std::vector<std::string> lane_names;
+  std::string policy = "serial";
+  std::vector<Lane> lanes;                    // the topology's lanes
   std::vector<int> lane_of;                   // per node
   std::vector<std::vector<int>> lane_order;   // per lane: nodes in run order
-  // free_after[i]: (node, output) values whose last reader is node i; a
-  // producer index of -1 names an operand outside the graph by position.
-  std::vector<std::vector<std::pair<int, int>>> free_after;
   // reuse[i][k]: node i may write operand k in place (it is that value's
   // only reader), instead of writing a copy.
   std::vector<std::vector<bool>> reuse;
+  int lanes_used = 1;
+  int threads_per_lane = 1;
+  int transfers = 0;                          // edges that cross devices
+  // Predictions (seconds from the start of execution).
+  std::vector<double> predicted_start, predicted_end;
   double predicted_makespan = 0.0;
-  std::string policy = "serial";
 };
 
-// One lane, topological order: the reference every other policy must match.
-Plan make_serial_plan(const ir::Graph& g);
+// Estimates for a graph on a topology.
+struct Estimate {
+  std::vector<Work> work;           // per node
+  double critical_path = 0;         // longest path, one lane per node, no transfers
+  double total_work = 0;            // sum over nodes, one thread each
+  double lower_bound = 0;           // max(critical path, total work / lanes)
+};
+Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm);
 
-// Liveness and in-place reuse for a plan whose lanes and order are set.
-void add_liveness(const ir::Graph& g, Plan& plan);
+Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy);
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
+
+// Predicts the plan's timeline with the cost model (event simulation: a
+// node starts when its lane is free and its inputs have arrived); fills the
+// plan's predicted_* fields.
+void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& plan);
+
+// Fills `reuse`: a write may reuse its input bytes only when the writer is
+// that version's only reader and the version is not wanted after the sync.
+void compute_reuse(const ir::Graph& g, Plan& plan);
+
+// For the executor: how many nodes read each output (node, index) of the
+// graph, so that bytes are freed when the last reader is done.
+std::vector<std::vector<int>> reader_counts(const ir::Graph& g);
 
 } // namespace torch_mgpu::plan

@@ -9,6 +9,36 @@
 
 namespace py = pybind11;
 
+namespace {
+py::object plan_dict(const torch_mgpu::LastPlan& p) {
+  if (!p.valid) return py::none();
+  py::dict d;
+  d["text"] = p.text;
+  d["dot"] = p.dot;
+  d["policy"] = p.policy;
+  d["lanes"] = p.lanes;
+  d["lanes_used"] = p.lanes_used;
+  d["transfers"] = p.transfers;
+  d["predicted_makespan"] = p.predicted_makespan;
+  d["measured_makespan"] = p.measured_makespan;
+  d["graph_hash"] = p.graph_hash;
+  py::list tl;
+  for (const auto& e : p.timeline) {
+    py::dict x;
+    x["node"] = e.node;
+    x["op"] = e.op;
+    x["lane"] = e.lane;
+    x["start"] = e.start;
+    x["end"] = e.end;
+    x["predicted_start"] = e.predicted_start;
+    x["predicted_end"] = e.predicted_end;
+    tl.append(x);
+  }
+  d["timeline"] = tl;
+  return d;
+}
+} // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_mgpu: lazy multi-lane executor behind the mgpu device";
   m.def("synchronize", &torch_mgpu::synchronize, py::call_guard<py::gil_scoped_release>());
@@ -26,28 +56,23 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_current_seed(seed);
   });
-  m.def("_last_plan", [] {
-    auto p = torch_mgpu::last_plan();
-    py::dict d;
-    if (!p.valid) return py::object(py::none());
-    d["text"] = p.text;
-    d["dot"] = p.dot;
-    d["policy"] = p.policy;
-    d["lanes"] = p.lanes;
-    d["predicted_makespan"] = p.predicted_makespan;
-    d["measured_makespan"] = p.measured_makespan;
-    d["graph_hash"] = p.graph_hash;
-    py::list tl;
-    for (const auto& e : p.timeline) {
-      py::dict x;
-      x["node"] = e.node;
-      x["op"] = e.op;
-      x["lane"] = e.lane;
-      x["start"] = e.start;
-      x["end"] = e.end;
-      tl.append(x);
+  m.def("configure", &torch_mgpu::configure, py::arg("devices"), py::arg("lanes_per_device"), py::arg("policy"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("lanes", &torch_mgpu::lanes);
+  m.def("policy", [] { return torch_mgpu::policy(); });
+  m.def("_last_plan", [] { return plan_dict(torch_mgpu::last_plan()); });
+  m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
+    torch_mgpu::Simulation s;
+    {
+      py::gil_scoped_release nogil;
+      s = torch_mgpu::simulate(devices, lanes, policy);
     }
-    d["timeline"] = tl;
-    return py::object(d);
+    py::dict d;
+    d["makespan"] = s.makespan;
+    d["lower_bound"] = s.lower_bound;
+    d["critical_path"] = s.critical_path;
+    d["total_work"] = s.total_work;
+    d["plan"] = plan_dict(s.plan);
+    return d;
   });
 }

@@ -4,7 +4,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
+
+#include "runtime/lanes.h"
+
 #include <chrono>
+#include <condition_variable>
+#include <map>
+#include <tuple>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -82,7 +90,8 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     }
   }
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    RECORD_FUNCTION("mgpu::" + n.name, std::vector<c10::IValue>());
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
       // the op runs, since the op locks it to draw.
@@ -155,74 +164,166 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   return out;
 }
 
+namespace {
+
+// Shared by the lanes of one execution. Guarded by `m`: statuses, values,
+// reader counts and cross-device copies. Lanes wait on `cv` for inputs.
+struct Run {
+  const ir::Graph& g;
+  const plan::Plan& p;
+  ExecResult& res;
+  std::unordered_map<const ir::Node*, int> index;
+  std::vector<std::vector<int>> readers;
+  std::vector<std::vector<bool>> is_root;
+  std::map<std::tuple<int, int, int>, c10::Storage> copies;  // (node, output, device)
+  std::mutex m;
+  std::condition_variable cv;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  bool parallel = false;
+
+  Run(const ir::Graph& graph, const plan::Plan& plan, ExecResult& r) : g(graph), p(plan), res(r) {
+    for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
+    readers = plan::reader_counts(g);
+    is_root.resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
+    for (const auto& r2 : g.roots) {
+      auto it = index.find(r2.node.get());
+      if (it != index.end()) is_root[it->second][r2.index] = true;
+    }
+  }
+
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+
+  void fail(int i, Status s, std::exception_ptr e, const std::string& msg) {
+    res.status[i] = s;
+    if (e && !res.first_error) {
+      res.first_error = e;
+      res.first_message = msg;
+    }
+  }
+
+  // The bytes of operand value v for a node on `device`; a value made on
+  // another device is copied over (a transfer), once per device.
+  c10::Storage operand(const ir::Value& v, int device, std::unique_lock<std::mutex>& lock) {
+    auto it = index.find(v.node.get());
+    if (it == index.end()) {
+      if (v.node->kind == ir::NodeKind::Data) return v.node->data;
+      return allocate(v.node->outputs[0].nbytes);  // Empty: fresh bytes
+    }
+    int d = it->second;
+    int from = p.lanes[p.lane_of[d]].device;
+    c10::Storage src = res.values[d][v.index];
+    if (from == device) return src;
+    auto key = std::make_tuple(d, v.index, device);
+    auto c = copies.find(key);
+    if (c != copies.end()) return c->second;
+    lock.unlock();
+    c10::Storage moved = copy_bytes(src);
+    counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
+    lock.lock();
+    return copies.emplace(key, moved).first->second;
+  }
+
+  void run_one(int lane, int i) {
+    const ir::Node& node = *g.nodes[i];
+    const int device = p.lanes[lane].device;
+    std::unique_lock<std::mutex> lock(m);
+    if (parallel) {
+      cv.wait(lock, [&] {
+        for (int d : g.deps[i])
+          if (res.status[d] == Status::NotRun) return false;
+        return true;
+      });
+    }
+    std::vector<c10::Storage> operands;
+    operands.reserve(node.operands.size());
+    for (const auto& v : node.operands) {
+      auto it = index.find(v.node.get());
+      bool missing = it != index.end() ? res.status[it->second] != Status::Ok
+                                       : v.node->kind == ir::NodeKind::Error;
+      if (missing) {
+        std::exception_ptr e;
+        std::string msg;
+        if (it == index.end()) {
+          msg = v.node->error;
+          try {
+            TORCH_CHECK(false, msg);
+          } catch (...) {
+            e = std::current_exception();
+          }
+        }
+        fail(i, Status::Skipped, e, msg);
+        cv.notify_all();
+        return;
+      }
+      operands.push_back(operand(v, device, lock));
+    }
+    lock.unlock();
+    NodeTiming timing;
+    timing.lane = lane;
+    timing.start = now();
+    std::vector<c10::Storage> out;
+    std::exception_ptr error;
+    std::string message;
+    try {
+      out = run_node(node, std::move(operands), p.reuse[i]);
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      message = e.what();
+    }
+    timing.end = now();
+    lock.lock();
+    res.timing[i] = timing;
+    if (error) {
+      counters().execution_errors++;
+      fail(i, Status::Failed, error, message);
+    } else {
+      res.values[i] = std::move(out);
+      res.status[i] = Status::Ok;
+      // Free each graph value this node was the last to read.
+      for (const auto& v : node.operands) {
+        auto it = index.find(v.node.get());
+        if (it == index.end()) continue;
+        int d = it->second;
+        if (--readers[d][v.index] == 0 && !is_root[d][v.index]) {
+          res.values[d][v.index] = c10::Storage();
+          for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
+        }
+      }
+    }
+    lock.unlock();
+    if (parallel) cv.notify_all();
+  }
+};
+
+} // namespace
+
 ExecResult execute(const ir::Graph& g, const plan::Plan& p) {
   ExecResult res;
   const size_t n = g.size();
   res.values.resize(n);
   res.status.assign(n, Status::NotRun);
   res.timing.resize(n);
-  std::unordered_map<const ir::Node*, int> index;
-  for (size_t i = 0; i < n; ++i) index[g.nodes[i].get()] = static_cast<int>(i);
-
-  auto t0 = std::chrono::steady_clock::now();
-  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  for (size_t lane = 0; lane < p.lane_order.size(); ++lane) {
-    for (int i : p.lane_order[lane]) {
-      const ir::Node& node = *g.nodes[i];
-      std::vector<c10::Storage> operands;
-      operands.reserve(node.operands.size());
-      bool ready = true;
-      std::string missing;
-      for (const auto& v : node.operands) {
-        auto it = index.find(v.node.get());
-        if (it != index.end()) {
-          if (res.status[it->second] != Status::Ok) {
-            ready = false;
-            break;
-          }
-          operands.push_back(res.values[it->second][v.index]);
-        } else if (v.node->kind == ir::NodeKind::Data) {
-          operands.push_back(v.node->data);
-        } else if (v.node->kind == ir::NodeKind::Empty) {
-          operands.push_back(allocate(v.node->outputs[0].nbytes));
-        } else {
-          ready = false;  // an Error value: this node cannot compute
-          missing = v.node->error;
-          break;
-        }
-      }
-      if (!ready) {
-        res.status[i] = Status::Skipped;
-        if (!missing.empty() && !res.first_error) {
-          res.first_message = missing;
-          try {
-            TORCH_CHECK(false, missing);
-          } catch (...) {
-            res.first_error = std::current_exception();
-          }
-        }
-        continue;
-      }
-      res.timing[i].lane = static_cast<int>(lane);
-      res.timing[i].start = now();
-      try {
-        res.values[i] = run_node(node, std::move(operands), p.reuse[i]);
-        res.status[i] = Status::Ok;
-      } catch (const std::exception& e) {
-        res.status[i] = Status::Failed;
-        counters().execution_errors++;
-        if (!res.first_error) {
-          res.first_error = std::current_exception();
-          res.first_message = e.what();
-        }
-        res.timing[i].end = now();
-        continue;
-      }
-      res.timing[i].end = now();
-      for (const auto& [prod, out] : p.free_after[i]) res.values[prod][out] = c10::Storage();
-    }
+  Run run(g, p, res);
+  std::vector<int> busy;
+  for (size_t l = 0; l < p.lane_order.size(); ++l)
+    if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));
+  if (busy.size() <= 1) {
+    // One lane: run on the calling thread with all its intra-op threads.
+    for (int l : busy)
+      for (int i : p.lane_order[l]) run.run_one(l, i);
+  } else {
+    run.parallel = true;
+    at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
+    std::vector<std::function<void()>> jobs;
+    for (int l : busy)
+      jobs.emplace_back([&run, &p, &tls, l] {
+        at::ThreadLocalStateGuard guard(tls);
+        for (int i : p.lane_order[l]) run.run_one(l, i);
+      });
+    LanePool::instance().run(jobs, p.threads_per_lane);
   }
-  res.makespan = now();
+  res.makespan = run.now();
   return res;
 }
 

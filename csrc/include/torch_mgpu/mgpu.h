@@ -25,11 +25,21 @@ void set_max_pending_ops(int64_t n);
 // The mgpu device (index 0: one virtual device spans all lanes).
 c10::Device device(int index = 0);
 
+// Lanes: devices {"cpu"} / {"cpu","cpu"} (virtual devices) / {"cuda:0",...},
+// lanes per device, policy "auto" | "heft" | "serial". Empty or <= 0 keeps
+// the current value. Environment: TORCH_MGPU_DEVICES, TORCH_MGPU_LANES,
+// TORCH_MGPU_POLICY.
+void configure(const std::vector<std::string>& devices = {}, int lanes_per_device = 0,
+               const std::string& policy = "");
+std::vector<std::string> lanes();
+std::string policy();
+
 struct TimelineEntry {
   int node;
   std::string op;
   std::string lane;
-  double start, end;  // seconds from the start of execution
+  double start, end;  // measured, seconds from the start of execution
+  double predicted_start, predicted_end;
 };
 
 // The plan of the last executed graph.
@@ -40,10 +50,23 @@ struct LastPlan {
   std::string policy;
   std::vector<std::string> lanes;
   std::vector<TimelineEntry> timeline;
+  int lanes_used = 1;
+  int transfers = 0;
   double predicted_makespan = 0;
   double measured_makespan = 0;
   uint64_t graph_hash = 0;
 };
 LastPlan last_plan();
+
+struct Simulation {
+  double makespan = 0;       // predicted, seconds
+  double lower_bound = 0;    // max(critical_path, total_work / lanes)
+  double critical_path = 0;
+  double total_work = 0;
+  LastPlan plan;             // timeline holds predictions only
+};
+// Plans the pending graph for `devices` virtual devices with
+// `lanes_per_device` lanes each, without running it.
+Simulation simulate(int devices, int lanes_per_device = 1, const std::string& policy = "");
 
 } // namespace torch_mgpu

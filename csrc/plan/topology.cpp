@@ -1,0 +1,129 @@
+#include "plan/topology.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace torch_mgpu::plan {
+
+int Topology::threads_per_lane(int lanes_in_use) const {
+  if (cuda) return 1;
+  return std::max(1, cores / std::max(1, lanes_in_use));
+}
+
+Topology make_topology(const std::vector<std::string>& devices, int lanes_per_device, int cores) {
+  TORCH_CHECK(!devices.empty(), "torch_mgpu: at least one device is needed");
+  TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu: lanes_per_device must be >= 1, got ", lanes_per_device);
+  Topology t;
+  t.devices = devices;
+  t.lanes_per_device = lanes_per_device;
+  t.cores = std::max(1, cores);
+  bool any_cuda = false, any_cpu = false;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const auto& s = devices[d];
+    bool is_cuda = s.rfind("cuda", 0) == 0;
+    TORCH_CHECK(is_cuda || s == "cpu" || s.rfind("cpu:", 0) == 0,
+                "torch_mgpu: unknown device '", s, "' (expected 'cpu' or 'cuda:N')");
+    any_cuda |= is_cuda;
+    any_cpu |= !is_cuda;
+    for (int l = 0; l < lanes_per_device; ++l) {
+      Lane lane;
+      lane.device = static_cast<int>(d);
+      lane.index = l;
+      lane.name = (is_cuda ? s : "cpu:" + std::to_string(d)) + (is_cuda ? "/stream" : "/lane") + std::to_string(l);
+      t.lanes.push_back(lane);
+    }
+  }
+  TORCH_CHECK(!(any_cuda && any_cpu), "torch_mgpu: mixing CPU and CUDA devices is not supported");
+  t.cuda = any_cuda;
+  return t;
+}
+
+Topology virtual_topology(const Topology& like, int devices, int lanes_per_device) {
+  TORCH_CHECK(devices >= 1, "torch_mgpu.simulate: devices must be >= 1, got ", devices);
+  std::vector<std::string> names;
+  for (int d = 0; d < devices; ++d) names.push_back(like.cuda ? "cuda:" + std::to_string(d) : "cpu");
+  // Virtual GPUs do not share host cores: give each CPU lane its own.
+  int cores = like.cuda ? like.cores : std::max(like.cores, devices * lanes_per_device);
+  return make_topology(names, lanes_per_device, cores);
+}
+
+namespace {
+double numel(const ir::TensorGeometry& g) {
+  double n = 1;
+  for (auto s : g.sizes) n *= static_cast<double>(s);
+  return n;
+}
+const ir::TensorGeometry* tensor_arg(const ir::Node& n, size_t i) {
+  if (i >= n.args.size() || n.args[i].kind != ir::Arg::Kind::Tensor || !n.args[i].tensors[0]) return nullptr;
+  return &n.args[i].tensors[0]->geom;
+}
+double out_numel(const ir::Node& n) {
+  double m = 0;
+  for (const auto& o : n.outputs)
+    if (o.mutated_operand < 0) m = std::max(m, numel(o.geom));
+  if (m == 0) {
+    for (const auto& a : n.args)
+      if (a.kind == ir::Arg::Kind::Tensor && a.tensors[0]) m = std::max(m, numel(a.tensors[0]->geom));
+  }
+  return m;
+}
+} // namespace
+
+Work estimate_work(const ir::Node& n) {
+  Work w;
+  for (const auto& a : n.args)
+    for (const auto& t : a.tensors)
+      if (t) w.bytes += numel(t->geom) * c10::elementSize(t->geom.dtype);
+  for (const auto& o : n.outputs) w.bytes += static_cast<double>(o.nbytes);
+  const std::string& name = n.name;
+  auto mm_flops = [](const ir::TensorGeometry* a, const ir::TensorGeometry* b) {
+    if (!a || !b || a->sizes.size() < 2 || b->sizes.size() < 2) return 0.0;
+    double batch = 1;
+    for (size_t i = 0; i + 2 < a->sizes.size(); ++i) batch *= static_cast<double>(a->sizes[i]);
+    return 2.0 * batch * static_cast<double>(a->sizes[a->sizes.size() - 2]) *
+        static_cast<double>(a->sizes.back()) * static_cast<double>(b->sizes.back());
+  };
+  if (name == "aten::mm" || name == "aten::bmm" || name == "aten::mm.out" || name == "aten::bmm.out") {
+    w.flops = mm_flops(tensor_arg(n, 0), tensor_arg(n, 1));
+    w.gemm = true;
+  } else if (name == "aten::addmm" || name == "aten::baddbmm" || name == "aten::addmm.out") {
+    w.flops = mm_flops(tensor_arg(n, 1), tensor_arg(n, 2));
+    w.gemm = true;
+  } else if (name.rfind("aten::convolution", 0) == 0) {
+    const auto* weight = tensor_arg(n, name == "aten::convolution" ? 1 : 2);
+    double per_out = weight && !weight->sizes.empty() ? numel(*weight) / static_cast<double>(weight->sizes[0]) : 1;
+    w.flops = 2.0 * out_numel(n) * per_out * (name == "aten::convolution" ? 1.0 : 2.0);
+    w.gemm = true;
+  } else if (name.find("scaled_dot_product") != std::string::npos) {
+    const auto* q = tensor_arg(n, 0);
+    const auto* k = tensor_arg(n, 1);
+    if (q && k && q->sizes.size() >= 2) {
+      double bh = numel(*q) / static_cast<double>(q->sizes.back());  // B*H*L
+      w.flops = 4.0 * bh * static_cast<double>(k->sizes[k->sizes.size() - 2]) * static_cast<double>(q->sizes.back());
+    }
+    w.gemm = true;
+  } else {
+    w.flops = out_numel(n);  // one "flop" per produced element
+  }
+  return w;
+}
+
+double node_seconds(const Work& w, const CostModel& cm, int threads) {
+  double rate;
+  if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
+  else rate = cm.elem_per_s;
+  double speedup = 1.0;
+  if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
+  double compute = w.flops / (rate * speedup);
+  double memory = w.bytes / (cm.bytes_per_s * (threads > 1 && w.flops >= cm.parallel_min_flops ? speedup : 1.0));
+  return cm.op_overhead_s + std::max(compute, memory);
+}
+
+double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm) {
+  if (a.device == b.device && a.index == b.index) return 0.0;
+  if (a.device == b.device) return cm.lane_sync_s;
+  return cm.lane_sync_s + cm.transfer_latency_s + bytes / cm.transfer_bytes_per_s;
+}
+
+} // namespace torch_mgpu::plan

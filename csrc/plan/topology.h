@@ -1,0 +1,61 @@
+#pragma once
+// Where work can run: devices, each with lanes (CUDA streams or CPU worker
+// threads), and what moving data and waiting between lanes costs.
+#include "ir/graph.h"
+
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::plan {
+
+struct Lane {
+  int device = 0;  // index into Topology::devices
+  int index = 0;   // lane number within the device
+  std::string name;  // "cpu:0/lane1", "cuda:1/stream0"
+};
+
+struct Topology {
+  std::vector<std::string> devices;  // "cpu", "cpu", "cuda:0", ...
+  std::vector<Lane> lanes;
+  int lanes_per_device = 1;
+  int cores = 1;  // host cores shared by CPU lanes
+  bool cuda = false;
+  // Lanes on CPU devices share the host cores: this many threads each.
+  int threads_per_lane(int lanes_in_use) const;
+};
+
+// Parses {"cpu","cpu"} or {"cuda:0","cuda:1"}; `lanes_per_device` >= 1.
+Topology make_topology(const std::vector<std::string>& devices, int lanes_per_device, int cores);
+// K virtual devices of the same kind as `like`, S lanes each (simulation).
+Topology virtual_topology(const Topology& like, int devices, int lanes_per_device);
+
+// What an op costs on a lane: calibrated rates per thread, overheads.
+struct CostModel {
+  double gemm_flops_per_s = 2e10;      // one thread, large products
+  double small_gemm_flops_per_s = 1e10; // one thread, products under ~2 MFLOP
+  double elem_per_s = 1e9;             // elementwise outputs per second, one thread
+  double bytes_per_s = 8e9;            // memory traffic, one thread
+  double op_overhead_s = 4e-6;         // running one node on a lane
+  double lane_sync_s = 8e-6;           // a cross-lane dependency (event / wakeup)
+  double launch_s = 30e-6;             // waking the lanes for a parallel plan
+  double transfer_bytes_per_s = 6e9;   // between devices
+  double transfer_latency_s = 10e-6;
+  double parallel_min_flops = 2e6;     // below this an op runs on one thread
+  double parallel_efficiency = 0.9;    // per extra thread, above that size
+  bool calibrated = false;
+};
+
+struct Work {
+  double flops = 0;   // multiply-adds count 2
+  double bytes = 0;   // read + written
+  bool gemm = false;  // runs at GEMM rates
+};
+
+// A node's work, from its op name and argument geometries.
+Work estimate_work(const ir::Node& n);
+// Seconds for `w` on a lane running `threads` intra-op threads.
+double node_seconds(const Work& w, const CostModel& cm, int threads);
+// Seconds to move `bytes` from lane a to lane b (0 on the same lane).
+double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm);
+
+} // namespace torch_mgpu::plan

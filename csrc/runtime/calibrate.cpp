@@ -1,0 +1,70 @@
+#include "runtime/calibrate.h"
+
+#include "runtime/lanes.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace torch_mgpu::runtime {
+
+namespace {
+template <typename F>
+double median_seconds(F&& f, int reps) {
+  std::vector<double> t;
+  f();  // warm-up
+  for (int r = 0; r < reps; ++r) {
+    auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+} // namespace
+
+plan::CostModel calibrate_cpu(int cores) {
+  plan::CostModel cm;
+  at::AutoDispatchBelowADInplaceOrView guard;
+  const int restore = at::get_num_threads();
+  auto big = at::randn({384, 384});
+  auto small = at::randn({128, 128});
+  auto vec = at::randn({1 << 19});
+  auto tiny = at::randn({4});
+
+  set_thread_parallelism(1);
+  double t_big1 = median_seconds([&] { at::mm(big, big); }, 5);
+  double t_small = median_seconds([&] { at::mm(small, small); }, 9);
+  double t_vec = median_seconds([&] { at::add(vec, vec); }, 7);
+  double t_tiny = median_seconds([&] { at::add(tiny, tiny); }, 31);
+  set_thread_parallelism(cores);
+  double t_big_n = median_seconds([&] { at::mm(big, big); }, 5);
+  double t_vec_n = median_seconds([&] { at::add(vec, vec); }, 7);
+  set_thread_parallelism(restore);
+
+  const double big_flops = 2.0 * 384 * 384 * 384, small_flops = 2.0 * 128 * 128 * 128;
+  cm.gemm_flops_per_s = big_flops / t_big1;
+  cm.small_gemm_flops_per_s = small_flops / t_small;
+  cm.elem_per_s = (1 << 19) / t_vec;
+  cm.bytes_per_s = 3.0 * 4 * (1 << 19) / t_vec;
+  // Executor overhead: views, the boxed call, bookkeeping: about 2 tiny ops.
+  cm.op_overhead_s = 2.0 * t_tiny;
+  if (cores > 1) {
+    double s_gemm = t_big1 / t_big_n, s_vec = t_vec / t_vec_n;
+    double s = std::max(s_gemm, s_vec);
+    cm.parallel_efficiency = std::clamp((s - 1.0) / (cores - 1), 0.0, 1.0);
+    // Products as small as the 128 case run on one thread in eager.
+    cm.parallel_min_flops = 2.0 * 160 * 160 * 160;
+    std::vector<std::function<void()>> nop(static_cast<size_t>(cores), [] {});
+    LanePool::instance().run(nop, 1);
+    cm.launch_s = median_seconds([&] { LanePool::instance().run(nop, 1); }, 9);
+    cm.lane_sync_s = cm.launch_s / 2;
+  }
+  cm.calibrated = true;
+  return cm;
+}
+
+} // namespace torch_mgpu::runtime
