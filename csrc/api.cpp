@@ -41,8 +41,8 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   LastPlan out;
   if (!rec) return out;
   out.valid = true;
-  out.text = rec->text;
-  out.dot = rec->dot;
+  out.text = ir::to_text(rec->graph);
+  out.dot = ir::to_dot(rec->graph, rec->lane_of);
   out.policy = rec->policy;
   out.lanes = rec->lane_names;
   out.lanes_used = rec->lanes_used;
@@ -50,8 +50,8 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   out.predicted_makespan = rec->predicted_makespan;
   out.measured_makespan = rec->measured_makespan;
   out.graph_hash = rec->graph_hash;
-  for (size_t i = 0; i < rec->node_names.size(); ++i) {
-    TimelineEntry e{static_cast<int>(i), rec->node_names[i], rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
+  for (size_t i = 0; i < rec->graph.names.size(); ++i) {
+    TimelineEntry e{static_cast<int>(i), rec->graph.names[i], rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
     if (i < rec->timing.size()) {
       e.start = rec->timing[i].start;
       e.end = rec->timing[i].end;

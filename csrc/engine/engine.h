@@ -13,9 +13,7 @@ namespace torch_mgpu::engine {
 
 // What a plan ran (or would run), for last_plan() and simulate().
 struct PlanRecord {
-  std::string text;          // the graph listing
-  std::string dot;           // graphviz with lanes
-  std::vector<std::string> node_names;
+  ir::GraphSummary graph;    // names and edges: text and dot are made on demand
   std::vector<std::string> lane_names;
   std::vector<int> lane_of;
   std::vector<runtime::NodeTiming> timing;  // measured (empty when simulated)

@@ -67,9 +67,7 @@ ir::Value resolve(ir::Value v, const ir::Graph& g, const std::unordered_map<cons
 
 std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, const runtime::ExecResult* r) {
   auto rec = std::make_shared<PlanRecord>();
-  rec->text = ir::to_text(g);
-  rec->dot = ir::to_dot(g, p.lane_of);
-  for (const auto& n : g.nodes) rec->node_names.push_back(n->name);
+  rec->graph = ir::summarize(g);
   for (const auto& l : p.lanes) rec->lane_names.push_back(l.name);
   rec->lane_of = p.lane_of;
   if (r) {

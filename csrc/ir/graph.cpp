@@ -72,47 +72,52 @@ Graph build_graph(const std::vector<Value>& roots) {
   return g;
 }
 
-namespace {
-std::string operand_name(const Graph& g, const Value& v) {
-  std::ostringstream os;
-  int d = g.index_of(v.node.get());
-  if (d >= 0)
-    os << "%" << d;
-  else
-    os << (v.node ? v.node->name : "?") << "#" << (v.node ? v.node->id : 0);
-  if (v.index) os << "." << v.index;
-  return os.str();
-}
-} // namespace
-
-std::string to_text(const Graph& g) {
-  std::ostringstream os;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
+GraphSummary summarize(const Graph& g) {
+  GraphSummary s;
+  s.names.reserve(g.size());
+  s.deps = g.deps;
+  s.external.assign(g.size(), 0);
+  s.writes.assign(g.size(), 0);
+  for (size_t i = 0; i < g.size(); ++i) {
     const Node& n = *g.nodes[i];
-    os << "%" << i << " = " << n.name << "(";
-    for (size_t k = 0; k < n.operands.size(); ++k)
-      os << (k ? ", " : "") << operand_name(g, n.operands[k]);
+    s.names.push_back(n.name);
+    for (const auto& v : n.operands)
+      if (!v.node->is_pending()) s.external[i]++;
+    for (const auto& o : n.outputs) s.writes[i] += o.mutated_operand >= 0 ? 1 : 0;
+  }
+  return s;
+}
+
+std::string to_text(const GraphSummary& s) {
+  std::ostringstream os;
+  for (size_t i = 0; i < s.names.size(); ++i) {
+    os << "%" << i << " = " << s.names[i] << "(";
+    bool first = true;
+    for (int d : s.deps[i]) {
+      os << (first ? "" : ", ") << "%" << d;
+      first = false;
+    }
+    if (s.external[i]) os << (first ? "" : ", ") << s.external[i] << " input" << (s.external[i] > 1 ? "s" : "");
     os << ")";
-    for (const auto& o : n.outputs)
-      if (o.mutated_operand >= 0) os << " writes " << operand_name(g, n.operands[o.mutated_operand]);
+    if (s.writes[i]) os << " in place";
     os << "\n";
   }
   return os.str();
 }
 
-std::string to_dot(const Graph& g, const std::vector<int>& lane_of) {
+std::string to_dot(const GraphSummary& s, const std::vector<int>& lane_of) {
   static const char* colors[] = {"lightblue", "lightpink", "palegreen", "khaki",
                                  "plum", "lightsalmon", "lightcyan", "wheat"};
   std::ostringstream os;
   os << "digraph mgpu {\n  node [shape=box, style=filled];\n";
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
+  for (size_t i = 0; i < s.names.size(); ++i) {
     int lane = i < lane_of.size() ? lane_of[i] : 0;
-    os << "  n" << i << " [label=\"%" << i << " " << g.nodes[i]->name;
+    os << "  n" << i << " [label=\"%" << i << " " << s.names[i];
     if (!lane_of.empty()) os << "\\nlane " << lane;
     os << "\", fillcolor=" << colors[lane % 8] << "];\n";
   }
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (int d : g.deps[i]) os << "  n" << d << " -> n" << i << ";\n";
+  for (size_t i = 0; i < s.names.size(); ++i)
+    for (int d : s.deps[i]) os << "  n" << d << " -> n" << i << ";\n";
   os << "}\n";
   return os.str();
 }

@@ -28,9 +28,23 @@ struct Graph {
 // Post-order walk from the roots through pending nodes; Data nodes are leaves.
 Graph build_graph(const std::vector<Value>& roots);
 
+// What printing needs of a graph, cheap to keep after the graph is gone:
+// names, edges, and how many operands come from outside (materialized data).
+struct GraphSummary {
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> deps;
+  std::vector<int> external;
+  std::vector<int> writes;  // outputs that are new versions of an operand
+};
+GraphSummary summarize(const Graph& g);
+
 // Readable listing, one node a line: `%3 = aten::mm(%1, %2)`.
-std::string to_text(const Graph& g);
+std::string to_text(const GraphSummary& s);
+inline std::string to_text(const Graph& g) { return to_text(summarize(g)); }
 // Graphviz; `lane_of` (optional, same length as nodes) colours nodes by lane.
-std::string to_dot(const Graph& g, const std::vector<int>& lane_of = {});
+std::string to_dot(const GraphSummary& s, const std::vector<int>& lane_of = {});
+inline std::string to_dot(const Graph& g, const std::vector<int>& lane_of = {}) {
+  return to_dot(summarize(g), lane_of);
+}
 
 } // namespace torch_mgpu::ir

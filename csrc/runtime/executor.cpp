@@ -44,9 +44,10 @@ std::mutex& global_generator_mutex() {
   return m;
 }
 
-ir::TensorGeometry geometry_of_cpu(const at::Tensor& t) {
-  return ir::TensorGeometry{t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.is_conj(),
-                            t.is_neg()};
+bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
+  return t.scalar_type() == g.dtype && t.sizes() == c10::IntArrayRef(g.sizes) &&
+      t.strides() == c10::IntArrayRef(g.strides) && t.storage_offset() == g.offset && t.is_conj() == g.conj &&
+      t.is_neg() == g.neg;
 }
 
 c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s) {
@@ -152,7 +153,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       c10::Storage fresh = allocate(o.nbytes);
       if (o.nbytes) std::memset(fresh.mutable_data(), 0, o.nbytes);
       out.push_back(fresh);
-    } else if (aliases || geometry_of_cpu(r) != o.geom || r.storage().nbytes() < o.nbytes) {
+    } else if (aliases || !same_geometry(r, o.geom) || r.storage().nbytes() < o.nbytes) {
       c10::Storage fresh = allocate(o.nbytes);
       cpu_view(fresh, o.geom).copy_(r);
       out.push_back(fresh);
@@ -183,7 +184,13 @@ struct Run {
 
   Run(const ir::Graph& graph, const plan::Plan& plan, ExecResult& r) : g(graph), p(plan), res(r) {
     for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
-    readers = plan::reader_counts(g);
+    readers.resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) readers[i].assign(g.nodes[i]->outputs.size(), 0);
+    for (const auto& node : g.nodes)
+      for (const auto& v : node->operands) {
+        auto it = index.find(v.node.get());
+        if (it != index.end()) readers[it->second][v.index]++;
+      }
     is_root.resize(g.size());
     for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
     for (const auto& r2 : g.roots) {
