@@ -46,8 +46,10 @@ def configure(devices=None, lanes_per_device=None, policy=None) -> None:
     """
     if isinstance(devices, str):
         devices = [devices]
+    if lanes_per_device is not None and int(lanes_per_device) < 1:
+        raise ValueError(f"lanes_per_device must be >= 1, got {lanes_per_device}")
     devs = [str(d) for d in devices] if devices is not None else []
-    _C.configure(devs, int(lanes_per_device or 0), policy or "")
+    _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
 
 
 def lanes() -> list:

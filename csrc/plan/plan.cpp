@@ -292,10 +292,10 @@ Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) 
   finish_plan(g, t, cm, chains);
   Plan heft = list_schedule(g, t, cm, node_tasks(g, e, cm, threads));
   finish_plan(g, t, cm, heft);
-  // Keep the best prediction; parallelism must pay for itself by a margin.
-  Plan* best = &serial;
-  for (Plan* c : {&chains, &heft})
-    if (c->predicted_makespan < 0.95 * best->predicted_makespan) best = c;
+  // The best parallel prediction, kept only if it beats one lane by a
+  // margin (predictions are estimates; one lane has no wake-up cost).
+  Plan* best = chains.predicted_makespan <= heft.predicted_makespan ? &chains : &heft;
+  if (!(best->predicted_makespan < 0.95 * serial.predicted_makespan)) best = &serial;
   best->policy = "auto";
   return *best;
 }
