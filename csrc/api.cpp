@@ -24,6 +24,10 @@ std::map<std::string, int64_t> stats() {
       {"meta_cache_hits", c.meta_cache_hits.load()},
       {"meta_cache_misses", c.meta_cache_misses.load()},
       {"execution_errors", c.execution_errors.load()},
+      {"sync_graph_us", c.sync_graph_us.load()},
+      {"sync_plan_us", c.sync_plan_us.load()},
+      {"sync_execute_us", c.sync_execute_us.load()},
+      {"sync_bind_us", c.sync_bind_us.load()},
       {"pending_ops", ir::pending_op_count()},
   };
 }

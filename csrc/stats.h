@@ -16,6 +16,11 @@ struct Counters {
   std::atomic<int64_t> meta_cache_hits{0};
   std::atomic<int64_t> meta_cache_misses{0};
   std::atomic<int64_t> execution_errors{0};
+  // Cumulative microseconds per sync phase.
+  std::atomic<int64_t> sync_graph_us{0};
+  std::atomic<int64_t> sync_plan_us{0};
+  std::atomic<int64_t> sync_execute_us{0};
+  std::atomic<int64_t> sync_bind_us{0};
 };
 
 Counters& counters();

@@ -6,6 +6,7 @@
 #include "runtime/calibrate.h"
 #include "stats.h"
 
+#include <chrono>
 #include <thread>
 
 #include <algorithm>
@@ -227,23 +228,34 @@ void set_max_pending_ops(int64_t n) {
 
 void sync_all() {
   using namespace engine;
+  using clock = std::chrono::steady_clock;
+  auto us = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+  };
   std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  auto t0 = clock::now();
   auto buffers = collect();
   if (buffers.empty()) return;
   std::vector<ir::Value> roots;
   roots.reserve(buffers.size());
   for (auto* b : buffers) roots.push_back(b->value);
-
   ir::Graph g = ir::build_graph(roots);
+  auto t1 = clock::now();
   plan::Plan p = plan_for(g);
   counters().syncs++;
+  auto t2 = clock::now();
   runtime::ExecResult r = runtime::execute(g, p);
-
+  auto t3 = clock::now();
   std::unordered_map<const ir::Node*, int> index;
   for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
   for (size_t k = 0; k < buffers.size(); ++k) buffers[k]->value = resolve(roots[k], g, index, r, p);
   last_plan_slot() = describe(g, p, &r);
   for (auto& n : g.nodes) ir::mark_executed(*n);
+  auto t4 = clock::now();
+  counters().sync_graph_us += us(t0, t1);
+  counters().sync_plan_us += us(t1, t2);
+  counters().sync_execute_us += us(t2, t3);
+  counters().sync_bind_us += us(t3, t4);
   if (r.first_error) std::rethrow_exception(r.first_error);
 }
 

@@ -105,6 +105,10 @@ Work estimate_work(const ir::Node& n) {
     w.gemm = true;
   } else {
     w.flops = out_numel(n);  // one "flop" per produced element
+    static const char* slow[] = {"tanh", "exp", "log", "sigmoid", "softmax", "erf", "gelu", "sin", "cos", "pow",
+                                 "sqrt", "rsqrt", "silu", "cdist", "norm", "div"};
+    for (const char* k : slow)
+      if (name.find(k) != std::string::npos) w.transcendental = true;
   }
   return w;
 }
@@ -112,7 +116,7 @@ Work estimate_work(const ir::Node& n) {
 double node_seconds(const Work& w, const CostModel& cm, int threads) {
   double rate;
   if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
-  else rate = cm.elem_per_s;
+  else rate = w.transcendental ? cm.transcendental_per_s : cm.elem_per_s;
   double speedup = 1.0;
   if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
   double compute = w.flops / (rate * speedup);

@@ -34,6 +34,7 @@ struct CostModel {
   double gemm_flops_per_s = 2e10;      // one thread, large products
   double small_gemm_flops_per_s = 1e10; // one thread, products under ~2 MFLOP
   double elem_per_s = 1e9;             // elementwise outputs per second, one thread
+  double transcendental_per_s = 2e8;   // tanh, exp, sigmoid, softmax... outputs per second
   double bytes_per_s = 8e9;            // memory traffic, one thread
   double op_overhead_s = 4e-6;         // running one node on a lane
   double lane_sync_s = 8e-6;           // a cross-lane dependency (event / wakeup)
@@ -49,6 +50,7 @@ struct Work {
   double flops = 0;   // multiply-adds count 2
   double bytes = 0;   // read + written
   bool gemm = false;  // runs at GEMM rates
+  bool transcendental = false;  // tanh, exp, ...: slower per element
 };
 
 // A node's work, from its op name and argument geometries.

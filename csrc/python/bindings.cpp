@@ -2,6 +2,7 @@
 #include <torch_mgpu/mgpu.h>
 
 #include "capture/random.h"
+#include "engine/engine.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -61,6 +62,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("lanes", &torch_mgpu::lanes);
   m.def("policy", [] { return torch_mgpu::policy(); });
   m.def("_last_plan", [] { return plan_dict(torch_mgpu::last_plan()); });
+  m.def("_cost_model", [] {
+    const auto& cm = torch_mgpu::engine::cost_model();
+    py::dict d;
+    d["gemm_flops_per_s"] = cm.gemm_flops_per_s;
+    d["small_gemm_flops_per_s"] = cm.small_gemm_flops_per_s;
+    d["elem_per_s"] = cm.elem_per_s;
+    d["transcendental_per_s"] = cm.transcendental_per_s;
+    d["bytes_per_s"] = cm.bytes_per_s;
+    d["op_overhead_s"] = cm.op_overhead_s;
+    d["lane_sync_s"] = cm.lane_sync_s;
+    d["launch_s"] = cm.launch_s;
+    d["transfer_bytes_per_s"] = cm.transfer_bytes_per_s;
+    d["parallel_min_flops"] = cm.parallel_min_flops;
+    d["parallel_efficiency"] = cm.parallel_efficiency;
+    d["calibrated"] = cm.calibrated;
+    return d;
+  });
   m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
     torch_mgpu::Simulation s;
     {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <vector>
 
 namespace torch_mgpu::runtime {
@@ -39,6 +40,7 @@ plan::CostModel calibrate_cpu(int cores) {
   double t_big1 = median_seconds([&] { at::mm(big, big); }, 5);
   double t_small = median_seconds([&] { at::mm(small, small); }, 9);
   double t_vec = median_seconds([&] { at::add(vec, vec); }, 7);
+  double t_tanh = median_seconds([&] { at::tanh(vec); }, 5);
   double t_tiny = median_seconds([&] { at::add(tiny, tiny); }, 31);
   set_thread_parallelism(cores);
   double t_big_n = median_seconds([&] { at::mm(big, big); }, 5);
@@ -49,6 +51,7 @@ plan::CostModel calibrate_cpu(int cores) {
   cm.gemm_flops_per_s = big_flops / t_big1;
   cm.small_gemm_flops_per_s = small_flops / t_small;
   cm.elem_per_s = (1 << 19) / t_vec;
+  cm.transcendental_per_s = (1 << 19) / t_tanh;
   cm.bytes_per_s = 3.0 * 4 * (1 << 19) / t_vec;
   // Executor overhead: views, the boxed call, bookkeeping: about 2 tiny ops.
   cm.op_overhead_s = 2.0 * t_tiny;
@@ -59,9 +62,19 @@ plan::CostModel calibrate_cpu(int cores) {
     // Products as small as the 128 case run on one thread in eager.
     cm.parallel_min_flops = 2.0 * 160 * 160 * 160;
     std::vector<std::function<void()>> nop(static_cast<size_t>(cores), [] {});
+    // Waking lanes that went to sleep is what a sync after a pause pays
+    // (on a virtual machine a halted vCPU takes long to wake): measure that.
     LanePool::instance().run(nop, 1);
-    cm.launch_s = median_seconds([&] { LanePool::instance().run(nop, 1); }, 9);
-    cm.lane_sync_s = cm.launch_s / 2;
+    std::vector<double> wake;
+    for (int r = 0; r < 5; ++r) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      auto a = std::chrono::steady_clock::now();
+      LanePool::instance().run(nop, 1);
+      wake.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+    std::sort(wake.begin(), wake.end());
+    cm.launch_s = wake[wake.size() / 2];
+    cm.lane_sync_s = std::max(5e-6, std::min(cm.launch_s / 4, 50e-6));
   }
   cm.calibrated = true;
   return cm;

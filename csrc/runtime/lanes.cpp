@@ -2,12 +2,15 @@
 
 #include <ATen/Parallel.h>
 
+#include <chrono>
+#include <cstdlib>
+
 extern "C" {
 // Thread-local controls of the OpenMP runtime and MKL that ATen links;
 // weak, so a build without them still loads.
 void omp_set_num_threads(int) __attribute__((weak));
 int omp_get_max_threads() __attribute__((weak));
-int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C entry (the lower-case one is Fortran, by pointer)
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C entry (lower case is Fortran, by pointer)
 }
 
 namespace torch_mgpu::runtime {
@@ -19,17 +22,19 @@ void set_thread_parallelism(int threads) {
 
 int thread_parallelism() { return omp_get_max_threads ? omp_get_max_threads() : at::get_num_threads(); }
 
-LanePool& instance_storage() {
-  static auto* p = new LanePool();  // leaked: threads must outlive static teardown
+LanePool& LanePool::instance() {
+  static auto* p = [] {
+    auto* pool = new LanePool();  // leaked: threads must outlive static teardown
+    if (const char* s = std::getenv("TORCH_MGPU_SPIN_US")) pool->spin_ns_ = std::max(0L, std::atol(s)) * 1000;
+    return pool;
+  }();
   return *p;
 }
 
-LanePool& LanePool::instance() { return instance_storage(); }
-
 LanePool::~LanePool() {
+  stop_ = true;
   {
     std::lock_guard<std::mutex> lock(m_);
-    stop_ = true;
   }
   cv_.notify_all();
   for (auto& w : workers_)
@@ -37,46 +42,58 @@ LanePool::~LanePool() {
 }
 
 void LanePool::loop(size_t k) {
+  Worker& w = *workers_[k];
   int applied = -1;
   while (true) {
-    std::function<void()> job;
-    int threads;
-    {
-      std::unique_lock<std::mutex> lock(m_);
-      cv_.wait(lock, [&] { return stop_ || workers_[k]->has_job; });
-      if (stop_) return;
-      job = std::move(workers_[k]->job);
-      threads = threads_;
+    // Spin a little for the next job, then sleep.
+    auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+    while (w.ticket.load(std::memory_order_acquire) == w.seen && !stop_ &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
     }
+    if (w.ticket.load(std::memory_order_acquire) == w.seen) {
+      std::unique_lock<std::mutex> lock(m_);
+      cv_.wait(lock, [&] { return stop_ || w.ticket.load(std::memory_order_acquire) != w.seen; });
+    }
+    if (stop_) return;
+    w.seen = w.ticket.load(std::memory_order_acquire);
+    int threads = threads_.load();
     if (threads != applied) {
       set_thread_parallelism(threads);
       applied = threads;
     }
-    job();  // jobs catch their own exceptions
-    {
+    (*w.job)();
+    if (pending_.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(m_);
-      workers_[k]->has_job = false;
-      --pending_;
+      done_cv_.notify_all();
     }
-    done_cv_.notify_all();
   }
 }
 
 void LanePool::run(const std::vector<std::function<void()>>& jobs, int threads) {
-  std::unique_lock<std::mutex> lock(m_);
-  while (workers_.size() < jobs.size()) {
-    size_t k = workers_.size();
-    workers_.push_back(std::make_unique<Worker>());
-    workers_[k]->thread = std::thread([this, k] { loop(k); });
-  }
-  threads_ = threads;
-  pending_ = jobs.size();
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    workers_[k]->job = jobs[k];
-    workers_[k]->has_job = true;
+  if (jobs.empty()) return;
+  const size_t extra = jobs.size() - 1;
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    while (workers_.size() < extra) {
+      size_t k = workers_.size();
+      workers_.push_back(std::make_unique<Worker>());
+      workers_[k]->thread = std::thread([this, k] { loop(k); });
+    }
+    threads_ = threads;
+    pending_ = extra;
+    for (size_t k = 0; k < extra; ++k) {
+      workers_[k]->job = &jobs[k + 1];
+      workers_[k]->ticket.fetch_add(1, std::memory_order_release);
+    }
   }
   cv_.notify_all();
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  {
+    ScopedParallelism share(threads);
+    jobs[0]();
+  }
+  std::unique_lock<std::mutex> lock(m_);
+  done_cv_.wait(lock, [&] { return pending_.load() == 0; });
 }
 
 } // namespace torch_mgpu::runtime

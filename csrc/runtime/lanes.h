@@ -1,10 +1,17 @@
 #pragma once
-// CPU lanes: persistent worker threads, one per lane. A job runs on its
-// lane's thread with that lane's share of the intra-op threads, so that k
-// parallel lanes on C cores use C / k OpenMP and MKL threads each instead of
-// oversubscribing the cores.
+// CPU lanes: the calling thread runs the first lane, persistent worker
+// threads run the others. A job runs with its lane's share of the intra-op
+// threads, so that k parallel lanes on C cores use C / k OpenMP and MKL
+// threads each instead of oversubscribing the cores.
+//
+// Waking a sleeping thread can cost hundreds of microseconds on a virtual
+// machine (its vCPU halts), so an idle worker spins for a short while
+// (TORCH_MGPU_SPIN_US, default 300) before it sleeps: back-to-back syncs, as
+// in a training loop, then find their lanes awake.
+#include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -14,25 +21,27 @@ namespace torch_mgpu::runtime {
 class LanePool {
  public:
   static LanePool& instance();
-  // Runs jobs[k] on lane thread k (growing the pool as needed), each with
-  // `threads` intra-op threads; returns when all have returned.
+  // Runs jobs[0] on the calling thread and jobs[k] on worker k, each with
+  // `threads` intra-op threads; returns when all have returned. Jobs must
+  // not throw. Not reentrant: callers serialize (the sync holds its lock).
   void run(const std::vector<std::function<void()>>& jobs, int threads);
-  size_t size() const { return workers_.size(); }
   ~LanePool();
 
  private:
   struct Worker {
     std::thread thread;
-    std::function<void()> job;
-    bool has_job = false;
+    const std::function<void()>* job = nullptr;
+    std::atomic<uint64_t> ticket{0};  // bumped for each new job
+    uint64_t seen = 0;
   };
   void loop(size_t k);
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  size_t pending_ = 0;
-  int threads_ = 1;
-  bool stop_ = false;
+  std::atomic<size_t> pending_{0};
+  std::atomic<int> threads_{1};
+  std::atomic<bool> stop_{false};
+  int64_t spin_ns_ = 300000;
 };
 
 // Sets this thread's intra-op parallelism (OpenMP and MKL, thread-local).

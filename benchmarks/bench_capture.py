@@ -1,0 +1,21 @@
+"""Workload 7: capture overhead, microseconds per recorded op on tiny tensors
+(reported per op: the runner divides by `ops`)."""
+import torch
+
+from common import Case, gen
+
+
+def ops(x):
+    y = x
+    for _ in range(250):
+        y = y + x
+        y = y * x
+        y = y.relu()
+        y = y - 0.5
+    return y
+
+
+def cases(quick):
+    def make(device):
+        return (torch.randn(8, generator=gen(9)).to(device),)
+    return [Case("capture", "1000 tiny ops", make, ops, None, compile_ok=False, extra={"ops": 1000, "capture_only": True})]

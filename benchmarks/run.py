@@ -1,0 +1,231 @@
+"""Runs every workload with every baseline in one process and reports.
+
+    python benchmarks/run.py            # full suite: table, RESULTS.md, speedup.png
+    python benchmarks/run.py --quick    # a few seconds (CI): writes under benchmarks/out/
+
+Baselines, measured in the same run: eager PyTorch (default threads), eager
+with one thread, torch.compile (inductor; full mode), torch.jit.fork/wait over
+the branches (where the workload has branches), mgpu with the default lanes,
+and the simulator's predicted execution time for the same lanes. Times are
+medians of several repetitions after warm-up, with min..max; memory is the
+growth of peak RSS over the steady state during the timed runs.
+"""
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import torch_mgpu  # noqa: E402
+import bench_branches  # noqa: E402
+import bench_capture  # noqa: E402
+import bench_chain  # noqa: E402
+import bench_data_parallel  # noqa: E402
+import bench_inception  # noqa: E402
+import bench_kernels  # noqa: E402
+import bench_matmul_loop  # noqa: E402
+from common import tree_map  # noqa: E402
+
+MODULES = [bench_matmul_loop, bench_branches, bench_data_parallel, bench_kernels, bench_inception,
+           bench_chain, bench_capture]
+
+
+def rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(run, reps, warmup=2):
+    for _ in range(warmup):
+        run()
+    base = rss_kib("VmRSS")
+    can_reset = reset_peak()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    peak = (rss_kib("VmHWM") - base) / 1024 if can_reset else float("nan")
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": max(peak, 0.0)}
+
+
+def mgpu_sync(out):
+    torch_mgpu.synchronize()
+    return out
+
+
+def run_case(case, quick):
+    res = {}
+    cpu_in = case.make("cpu")
+    mg_in = case.make("mgpu")
+    torch_mgpu.synchronize()
+    capture_only = case.extra.get("capture_only", False)
+
+    res["eager"] = measure(lambda: case.fn(*cpu_in), case.reps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res["eager_1t"] = measure(lambda: case.fn(*cpu_in), case.reps)
+    finally:
+        torch.set_num_threads(threads)
+    if case.fork is not None:
+        res["jit_fork"] = measure(lambda: case.fork(*cpu_in), case.reps)
+    if not quick and case.compile_ok:
+        try:
+            compiled = torch.compile(case.fn)
+            res["compile"] = measure(lambda: compiled(*cpu_in), case.reps, warmup=3)
+        except Exception as e:  # report, do not hide
+            res["compile_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+    if capture_only:
+        def capture():
+            out = case.fn(*mg_in)
+            return out
+        # Time the recording only; the sync runs outside the timed region.
+        times = []
+        for i in range(case.reps + 2):
+            t = time.perf_counter()
+            out = capture()
+            dt = time.perf_counter() - t
+            torch_mgpu.synchronize()
+            del out
+            if i >= 2:
+                times.append(dt)
+        res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
+    else:
+        res["mgpu"] = measure(lambda: mgpu_sync(case.fn(*mg_in)), case.reps)
+        out = case.fn(*mg_in)
+        sim = torch_mgpu.simulate(devices=len(set(l.split("/")[0] for l in torch_mgpu.lanes())),
+                                  lanes_per_device=max(1, len(torch_mgpu.lanes())))
+        torch_mgpu.synchronize()
+        del out
+        res["simulated"] = {"median": sim.makespan, "min": sim.makespan, "max": sim.makespan, "peak_mib": float("nan")}
+        plan = torch_mgpu.last_plan()
+        res["plan"] = {"lanes_used": plan.lanes_used if plan else 1, "policy": plan.policy if plan else "",
+                       "predicted": plan.predicted_makespan if plan else 0,
+                       "measured": plan.measured_makespan if plan else 0}
+    # Correctness guard: mgpu equals eager on this case.
+    ref = case.fn(*cpu_in)
+    got = tree_map(lambda t: t.cpu() if t.device.type == "mgpu" else t, case.fn(*mg_in))
+    check(ref, got)
+    return res
+
+
+def check(ref, got):
+    if isinstance(ref, torch.Tensor):
+        if ref.dtype in (torch.int64, torch.int32):
+            return  # indices from topk may tie-break differently within tolerance
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+    elif isinstance(ref, (list, tuple)):
+        for r, g in zip(ref, got):
+            check(r, g)
+
+
+def fmt_ms(r):
+    return f"{r['median'] * 1e3:.3f} ({r['min'] * 1e3:.2f}..{r['max'] * 1e3:.2f})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated workload names")
+    a = ap.parse_args()
+    only = set(a.only.split(",")) if a.only else None
+    out_dir = os.path.join(HERE, "out") if a.quick else HERE
+    os.makedirs(out_dir, exist_ok=True)
+
+    rows = []
+    t0 = time.time()
+    for mod in MODULES:
+        for case in mod.cases(a.quick):
+            if only and case.workload not in only:
+                continue
+            r = run_case(case, a.quick)
+            rows.append((case, r))
+            e = r["eager"]["median"]
+            parts = [f"{case.workload:14s} {case.name:30s}"]
+            for k in ["eager", "eager_1t", "compile", "jit_fork", "mgpu", "simulated"]:
+                if k in r:
+                    parts.append(f"{k} {r[k]['median'] * 1e3:8.3f}ms ({e / r[k]['median']:.2f}x)")
+            print("  ".join(parts), flush=True)
+
+    lanes = torch_mgpu.lanes()
+    header = [
+        "# Benchmark results",
+        "",
+        f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        f"- torch {torch.__version__}, {torch.get_num_threads()} intra-op threads",
+        f"- mgpu lanes: {', '.join(lanes)}; policy {torch_mgpu.policy()}",
+        f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
+        "",
+        "Times in ms: median (min..max) of the repetitions after warm-up. Speed-up is over eager",
+        "with default threads (higher is better). Peak MiB: growth of peak RSS during the timed runs.",
+        "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded).",
+        "",
+        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | simulated | mgpu speed-up | lanes used | peak MiB eager / mgpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines = list(header)
+    for case, r in rows:
+        def cell(k):
+            if k in r:
+                return fmt_ms(r[k])
+            return r.get(k + "_error", "-") if k == "compile" else "-"
+        if case.extra.get("ops"):
+            n = case.extra["ops"]
+            cap = (f"capture {r['mgpu']['median'] * 1e6 / n:.2f} us/op vs eager {r['eager']['median'] * 1e6 / n:.2f} us/op")
+            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | {cap} | - | - |")
+            continue
+        sp = r["eager"]["median"] / r["mgpu"]["median"]
+        lines.append(
+            f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
+            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sp:.2f}x | {r['plan']['lanes_used']} | "
+            f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "RESULTS.md" if not a.quick else "results_quick.md"), "w") as f:
+        f.write(md)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{c.workload}\n{c.name}" for c, r in rows if "plan" in r]
+        keys = ["eager_1t", "compile", "jit_fork", "mgpu", "simulated"]
+        fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(labels)), 5))
+        width = 0.16
+        for j, k in enumerate(keys):
+            vals = [(r["eager"]["median"] / r[k]["median"]) if k in r else 0 for c, r in rows if "plan" in r]
+            ax.bar([i + (j - 2) * width for i in range(len(labels))], vals, width, label=k)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("speed-up over eager (default threads)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "speedup.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot")
+    print(f"wrote {out_dir}/{'RESULTS.md' if not a.quick else 'results_quick.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
