@@ -20,6 +20,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# numpy's OpenBLAS threads (numpy comes with torch) spin on the cores that the
+# baselines and the lanes need; no baseline uses numpy's BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 

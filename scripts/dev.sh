@@ -2,7 +2,7 @@
 # One entry point for a fresh machine: sets up .venv (torch 2.13.0, CPU),
 # builds the extension against it, then runs what was asked.
 #   bash scripts/dev.sh demo     # the demo
-#   bash scripts/dev.sh test     # every test: GoogleTest (CTest) and pytest
+#   bash scripts/dev.sh test     # every test: GoogleTest (CTest), pytest, the quick benchmark run
 #   bash scripts/dev.sh opinfo   # the full OpInfo conformance report
 #   bash scripts/dev.sh bench [--quick]
 set -euo pipefail
@@ -42,7 +42,7 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; "$PY" examples/demo.py "$@" ;;
-  test) setup; cpp_tests; "$PY" -m pytest -q test "$@" ;;
+  test) setup; cpp_tests; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick ;;
   opinfo) setup; "$PY" test/opinfo_harness.py "$@" ;;
   bench) setup; "$PY" benchmarks/run.py "$@" ;;
   *) echo "usage: $0 {setup|demo|test|opinfo|bench}"; exit 2 ;;
