@@ -311,6 +311,16 @@ struct NodeBuilder {
   }
 };
 
+// "aten::add.Tensor": built once per operator (the capture hot path).
+const std::string& op_name(const c10::FunctionSchema& schema) {
+  static auto* names = new std::unordered_map<const c10::FunctionSchema*, std::string>();
+  auto it = names->find(&schema);
+  if (it != names->end()) return it->second;
+  std::string n = schema.operator_name().name;
+  if (!schema.overload_name().empty()) n += "." + schema.overload_name();
+  return names->emplace(&schema, std::move(n)).first->second;
+}
+
 void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -335,8 +345,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
 
   // Values read by the node: the current version of each storage.
   auto node = std::make_shared<ir::Node>();
-  node->name = schema.operator_name().name;
-  if (!schema.overload_name().empty()) node->name += "." + schema.overload_name();
+  node->name = op_name(schema);
   node->op = op;
   for (const auto& s : call.storages) {
     const auto& v = buffer_of(s)->value;
@@ -349,7 +358,12 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   for (size_t i = 0; i < nargs; ++i) {
     const auto& v = args[i];
     Arg a;
-    if (v.isTensor() && v.toTensor().defined()) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu()) {
+      // A host scalar: a constant of the call. Python numbers arrive as
+      // fresh wrapped tensors nobody else holds; others are snapshotted.
+      const auto& t = v.toTensor();
+      a.constant = t.unsafeGetTensorImpl()->is_wrapped_number() ? t : t.clone();
+    } else if (v.isTensor() && v.toTensor().defined()) {
       a.kind = Arg::Kind::Tensor;
       a.tensors.push_back(nb.ref(v.toTensor()));
     } else if (v.isTensorList()) {

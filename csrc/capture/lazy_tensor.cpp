@@ -59,8 +59,8 @@ LazyBuffer* buffer_of(const c10::Storage& storage) {
 ir::TensorGeometry geometry_of(const at::Tensor& t) {
   ir::TensorGeometry g;
   g.dtype = t.scalar_type();
-  g.sizes = t.sizes().vec();
-  g.strides = t.strides().vec();
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
   g.offset = t.storage_offset();
   g.conj = t.is_conj();
   g.neg = t.is_neg();

@@ -106,7 +106,7 @@ std::vector<std::string> split(const std::string& s) {
 struct Config {
   plan::Topology topo;
   std::string policy = "auto";
-  std::unordered_map<uint64_t, plan::Plan> plans;  // by graph hash
+  std::unordered_map<uint64_t, std::shared_ptr<const plan::Plan>> plans;  // by graph hash
   Config() {
     const char* d = std::getenv("TORCH_MGPU_DEVICES");
     const char* l = std::getenv("TORCH_MGPU_LANES");
@@ -126,14 +126,14 @@ Config& config() {
   return *c;
 }
 
-plan::Plan plan_for(const ir::Graph& g) {
+std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto& c = config();
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
     counters().plan_cache_hits++;
     return it->second;
   }
-  plan::Plan p = plan::make_plan(g, c.topo, cost_model(), c.policy);
+  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy));
   counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
   c.plans.emplace(g.hash, p);
@@ -241,7 +241,8 @@ void sync_all() {
   for (auto* b : buffers) roots.push_back(b->value);
   ir::Graph g = ir::build_graph(roots);
   auto t1 = clock::now();
-  plan::Plan p = plan_for(g);
+  std::shared_ptr<const plan::Plan> shared_plan = plan_for(g);
+  const plan::Plan& p = *shared_plan;
   counters().syncs++;
   auto t2 = clock::now();
   runtime::ExecResult r = runtime::execute(g, p);

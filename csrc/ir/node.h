@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <cstdint>
@@ -14,11 +15,15 @@
 
 namespace torch_mgpu::ir {
 
+// Sizes or strides: inline up to 6 dims, so recording a call allocates no
+// memory for its geometries.
+using Dims = c10::SmallVector<int64_t, 6>;
+
 // Where a tensor lies inside its storage, as a strided view.
 struct TensorGeometry {
   c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  Dims sizes;
+  Dims strides;
   int64_t offset = 0;
   bool conj = false;  // lazy conjugation bit (complex views)
   bool neg = false;   // lazy negation bit

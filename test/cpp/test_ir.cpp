@@ -9,7 +9,7 @@ namespace {
 
 TensorGeometry geom(std::vector<int64_t> sizes) {
   TensorGeometry g;
-  g.sizes = sizes;
+  g.sizes.assign(sizes.begin(), sizes.end());
   g.strides.assign(sizes.size(), 1);
   for (int i = static_cast<int>(sizes.size()) - 2; i >= 0; --i) g.strides[i] = g.strides[i + 1] * sizes[i + 1];
   return g;
