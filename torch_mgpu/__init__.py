@@ -18,6 +18,17 @@ if not hasattr(torch, "mgpu"):
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 
 
+def _register_compile_backend() -> None:
+    try:
+        from .compile import register
+        register()
+    except Exception:  # dynamo unavailable: torch.compile is optional
+        pass
+
+
+_register_compile_backend()
+
+
 def synchronize() -> None:
     """Run every pending op. Raises the first error an op raised."""
     _C.synchronize()
