@@ -115,9 +115,11 @@ def run_case(case, quick):
         res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
     else:
         res["mgpu"] = measure(lambda: mgpu_sync(case.fn(*mg_in)), case.reps)
-        fallbacks = torch_mgpu.stats()["eager_fallbacks"]
+        before = torch_mgpu.stats()
         out = case.fn(*mg_in)
-        fallbacks = torch_mgpu.stats()["eager_fallbacks"] - fallbacks
+        after = torch_mgpu.stats()
+        # Syncs during capture (item(), data-dependent ops) ran part of the work.
+        fallbacks = (after["eager_fallbacks"] - before["eager_fallbacks"]) + (after["syncs"] - before["syncs"])
         sim = torch_mgpu.simulate(devices=len(set(l.split("/")[0] for l in torch_mgpu.lanes())),
                                   lanes_per_device=max(1, len(torch_mgpu.lanes())))
         torch_mgpu.synchronize()
@@ -126,7 +128,7 @@ def run_case(case, quick):
             res["simulated"] = {"median": sim.makespan, "min": sim.makespan, "max": sim.makespan,
                                 "peak_mib": float("nan")}
         else:  # part of the work ran eagerly during capture: the pending graph is not the workload
-            res["simulated_error"] = f"n/a ({fallbacks} ops ran eagerly)"
+            res["simulated_error"] = f"n/a ({fallbacks} syncs or eager ops during capture)"
         plan = torch_mgpu.last_plan()
         res["plan"] = {"lanes_used": plan.lanes_used if plan else 1, "policy": plan.policy if plan else "",
                        "predicted": plan.predicted_makespan if plan else 0,

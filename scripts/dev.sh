@@ -5,6 +5,7 @@
 #   bash scripts/dev.sh test     # every test: GoogleTest (CTest), pytest, the quick benchmark run
 #   bash scripts/dev.sh opinfo   # the full OpInfo conformance report
 #   bash scripts/dev.sh bench [--quick]
+#   bash scripts/dev.sh cuda-compile   # compile-only check against torch 2.14.1 (CUDA 13)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -37,6 +38,26 @@ cpp_tests() {
   (cd build-tests && ctest --output-on-failure)
 }
 
+# Compile-only check against the CUDA 13 build of torch 2.14.1 (from local
+# disk, in its own venv): PyTorch's newest headers (C++20) and its CUDA
+# configuration, so that neither can rot unseen. Nothing runs: no GPU here.
+cuda_compile() {
+  local venv="$ROOT/.venv-cuda"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
+    "$venv/bin/python" -m pip install -q "torch==2.14.1" 2>&1 | grep -v "^WARNING: Location" || true
+  fi
+  local prefix nvrtc
+  prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  nvrtc=$(ls "$venv"/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so* 2>/dev/null | head -1)
+  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCUDA_TOOLKIT_ROOT_DIR="${CUDA_HOME:-/usr/local/cuda}" ${nvrtc:+-DCUDA_nvrtc_LIBRARY="$nvrtc"} \
+    -DTORCH_MGPU_USE_CUDA=ON -DTORCH_MGPU_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$venv/bin/python" \
+    -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/build-cuda/lib" >/dev/null
+  cmake --build build-cuda -j "$(nproc)"
+  echo "CUDA compile check: built against torch 2.14.1 (CUDA 13)"
+}
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in
@@ -45,5 +66,6 @@ case "$cmd" in
   test) setup; cpp_tests; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick ;;
   opinfo) setup; "$PY" test/opinfo_harness.py "$@" ;;
   bench) setup; "$PY" benchmarks/run.py "$@" ;;
-  *) echo "usage: $0 {setup|demo|test|opinfo|bench}"; exit 2 ;;
+  cuda-compile) cuda_compile ;;
+  *) echo "usage: $0 {setup|demo|test|opinfo|bench|cuda-compile}"; exit 2 ;;
 esac
