@@ -34,6 +34,7 @@ import bench_data_parallel  # noqa: E402
 import bench_inception  # noqa: E402
 import bench_kernels  # noqa: E402
 import bench_matmul_loop  # noqa: E402
+import bench_simulator  # noqa: E402
 from common import tree_map  # noqa: E402
 
 MODULES = [bench_matmul_loop, bench_branches, bench_data_parallel, bench_kernels, bench_inception,
@@ -211,7 +212,10 @@ def main():
             f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
             f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sp:.2f}x | {r['plan']['lanes_used']} | "
             f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
-    md = "\n".join(lines) + "\n"
+    sim_rows, planning = bench_simulator.report(a.quick)
+    sim_md = bench_simulator.markdown(sim_rows, planning)
+    print(sim_md)
+    md = "\n".join(lines) + "\n\n" + sim_md
     with open(os.path.join(out_dir, "RESULTS.md" if not a.quick else "results_quick.md"), "w") as f:
         f.write(md)
     try:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <queue>
 #include <unordered_map>
 
 namespace torch_mgpu::plan {
@@ -35,11 +36,24 @@ Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm) {
 }
 
 void compute_reuse(const ir::Graph& g, Plan& p) {
-  std::map<std::pair<const ir::Node*, int>, int> readers;
+  // Readers per value: graph outputs by (index, output); materialized
+  // operands by node pointer (they have one output).
+  auto index = index_of(g);
+  std::vector<std::vector<int>> graph_readers(g.size());
+  for (size_t i = 0; i < g.size(); ++i) graph_readers[i].assign(g.nodes[i]->outputs.size(), 0);
+  std::unordered_map<const ir::Node*, int> leaf_readers;
   for (const auto& node : g.nodes)
-    for (const auto& v : node->operands) readers[{v.node.get(), v.index}]++;
-  std::map<std::pair<const ir::Node*, int>, bool> is_root;
-  for (const auto& r : g.roots) is_root[{r.node.get(), r.index}] = true;
+    for (const auto& v : node->operands) {
+      auto it = index.find(v.node.get());
+      if (it != index.end()) graph_readers[it->second][v.index]++;
+      else leaf_readers[v.node.get()]++;
+    }
+  std::vector<std::vector<bool>> is_root(g.size());
+  for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
+  for (const auto& r : g.roots) {
+    auto it = index.find(r.node.get());
+    if (it != index.end()) is_root[it->second][r.index] = true;
+  }
   p.reuse.assign(g.size(), {});
   for (size_t i = 0; i < g.size(); ++i) {
     const auto& n = *g.nodes[i];
@@ -47,8 +61,10 @@ void compute_reuse(const ir::Graph& g, Plan& p) {
     for (const auto& o : n.outputs) {
       if (o.mutated_operand < 0) continue;
       const auto& v = n.operands[o.mutated_operand];
-      auto key = std::make_pair(static_cast<const ir::Node*>(v.node.get()), v.index);
-      p.reuse[i][o.mutated_operand] = readers[key] == 1 && !is_root.count(key);
+      auto it = index.find(v.node.get());
+      bool only = it != index.end() ? graph_readers[it->second][v.index] == 1 && !is_root[it->second][v.index]
+                                    : leaf_readers[v.node.get()] == 1;
+      p.reuse[i][o.mutated_operand] = only;
     }
   }
 }
@@ -66,6 +82,12 @@ std::vector<std::vector<int>> reader_counts(const ir::Graph& g) {
 }
 
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+  std::vector<Work> work(g.size());
+  for (size_t i = 0; i < g.size(); ++i) work[i] = estimate_work(*g.nodes[i]);
+  simulate(g, t, cm, work, p);
+}
+
+void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work, Plan& p) {
   const size_t n = g.size();
   p.predicted_start.assign(n, 0.0);
   p.predicted_end.assign(n, 0.0);
@@ -91,7 +113,7 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& 
         double start = lane_free[l];
         for (int d : g.deps[i])
           start = std::max(start, p.predicted_end[d] + edge_seconds(bytes_of[d], p.lanes[p.lane_of[d]], p.lanes[l], cm));
-        double end = start + node_seconds(estimate_work(*g.nodes[i]), cm, p.threads_per_lane);
+        double end = start + node_seconds(work[i], cm, p.threads_per_lane);
         p.predicted_start[i] = start;
         p.predicted_end[i] = end;
         lane_free[l] = end;
@@ -109,7 +131,10 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& 
 
 namespace {
 
-void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+// Lanes used, threads, transfers, reuse (shared by every candidate plan of a
+// graph: it depends on the graph only) and the simulated timeline.
+void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                 const std::vector<std::vector<bool>>& reuse, Plan& p) {
   p.lanes = t.lanes;
   int used = 0;
   for (const auto& o : p.lane_order) used += o.empty() ? 0 : 1;
@@ -119,9 +144,19 @@ void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, Pla
   for (size_t i = 0; i < g.size(); ++i)
     for (int d : g.deps[i])
       if (t.lanes[p.lane_of[d]].device != t.lanes[p.lane_of[i]].device) p.transfers++;
-  compute_reuse(g, p);
-  simulate(g, t, cm, p);
+  p.reuse = reuse;
+  simulate(g, t, cm, work, p);
 }
+
+struct Shared {
+  Estimate e;
+  std::vector<std::vector<bool>> reuse;
+  Shared(const ir::Graph& g, const Topology& t, const CostModel& cm) : e(estimate(g, t, cm)) {
+    Plan tmp;
+    compute_reuse(g, tmp);
+    reuse = std::move(tmp.reuse);
+  }
+};
 
 // List scheduling of tasks (nodes or clusters of nodes) by upward rank onto
 // the lane with the earliest finish time (HEFT, Topcuoglu et al. 2002).
@@ -213,18 +248,18 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
   std::vector<int> order;
   std::vector<int> missing(m);
   for (size_t k = 0; k < m; ++k) missing[k] = static_cast<int>(ts.preds[k].size());
-  std::vector<int> ready;
+  auto before = [&](int a, int b) {  // heap order: highest rank first, then earliest node
+    return rank[a] < rank[b] || (rank[a] == rank[b] && ts.members[a][0] > ts.members[b][0]);
+  };
+  std::priority_queue<int, std::vector<int>, decltype(before)> ready(before);
   for (size_t k = 0; k < m; ++k)
-    if (!missing[k]) ready.push_back(static_cast<int>(k));
+    if (!missing[k]) ready.push(static_cast<int>(k));
   while (!ready.empty()) {
-    auto best = std::max_element(ready.begin(), ready.end(), [&](int a, int b) {
-      return rank[a] < rank[b] || (rank[a] == rank[b] && ts.members[a][0] > ts.members[b][0]);
-    });
-    int a = *best;
-    ready.erase(best);
+    int a = ready.top();
+    ready.pop();
     order.push_back(a);
-    for (int s : ts.succs[a])
-      if (--missing[s] == 0) ready.push_back(s);
+    for (int s2 : ts.succs[a])
+      if (--missing[s2] == 0) ready.push(s2);
   }
   std::vector<double> lane_free(lanes.size(), 0.0), finish(m, 0.0);
   std::vector<int> lane_of_task(m, 0);
@@ -262,42 +297,52 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
 
 } // namespace
 
-Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+namespace {
+
+Plan serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh) {
   Plan p;
   p.policy = "serial";
   p.lane_of.assign(g.size(), 0);
   p.lane_order.assign(t.lanes.size(), {});
   for (size_t i = 0; i < g.size(); ++i) p.lane_order[0].push_back(static_cast<int>(i));
-  finish_plan(g, t, cm, p);
+  finish_plan(g, t, cm, sh.e.work, sh.reuse, p);
   return p;
+}
+
+Plan heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh) {
+  Plan p = list_schedule(g, t, cm, node_tasks(g, sh.e, cm, t.threads_per_lane(static_cast<int>(t.lanes.size()))));
+  p.policy = "heft";
+  finish_plan(g, t, cm, sh.e.work, sh.reuse, p);
+  return p;
+}
+
+} // namespace
+
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+  return serial_plan(g, t, cm, Shared(g, t, cm));
 }
 
 Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
-  auto e = estimate(g, t, cm);
-  Plan p = list_schedule(g, t, cm, node_tasks(g, e, cm, t.threads_per_lane(static_cast<int>(t.lanes.size()))));
-  p.policy = "heft";
-  finish_plan(g, t, cm, p);
-  return p;
+  return heft_plan(g, t, cm, Shared(g, t, cm));
 }
 
 Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
-  Plan serial = make_serial_plan(g, t, cm);
+  Shared sh(g, t, cm);
+  Plan serial = serial_plan(g, t, cm, sh);
   if (t.lanes.size() == 1 || g.size() < 2) {
     serial.policy = "auto";
     return serial;
   }
-  auto e = estimate(g, t, cm);
   int threads = t.threads_per_lane(static_cast<int>(t.lanes.size()));
-  Plan chains = list_schedule(g, t, cm, chain_tasks(g, e, cm, threads));
-  finish_plan(g, t, cm, chains);
-  Plan heft = list_schedule(g, t, cm, node_tasks(g, e, cm, threads));
-  finish_plan(g, t, cm, heft);
+  Plan chains = list_schedule(g, t, cm, chain_tasks(g, sh.e, cm, threads));
+  finish_plan(g, t, cm, sh.e.work, sh.reuse, chains);
+  Plan heft = heft_plan(g, t, cm, sh);
   // The best parallel prediction, kept only if it beats one lane by a
   // margin (predictions are estimates; one lane has no wake-up cost).
   Plan* best = chains.predicted_makespan <= heft.predicted_makespan ? &chains : &heft;
   if (!(best->predicted_makespan < 0.95 * serial.predicted_makespan)) best = &serial;
   best->policy = "auto";
-  return *best;
+  return std::move(*best);
 }
 
 Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy) {

@@ -46,6 +46,7 @@ Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
 // node starts when its lane is free and its inputs have arrived); fills the
 // plan's predicted_* fields.
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& plan);
+void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work, Plan& plan);
 
 // Fills `reuse`: a write may reuse its input bytes only when the writer is
 // that version's only reader and the version is not wanted after the sync.
