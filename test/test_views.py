@@ -109,3 +109,41 @@ def test_storage_shared_between_views_is_one_storage():
     v = x.t()
     assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert v._is_view() and v._base is x
+
+
+def test_set_rebinds_storage_like_eager():
+    a_cpu = torch.randn(6)
+    a = a_cpu.to("mgpu")
+    b = torch.empty(0, device="mgpu")
+    b.set_(a.untyped_storage(), 1, (2, 2), (2, 1))
+    bc = torch.empty(0).set_(a_cpu.untyped_storage(), 1, (2, 2), (2, 1))
+    assert_same(b, bc)
+    a.add_(1)  # b aliases a's storage, as on CPU
+    a_cpu.add_(1)
+    assert_same(b, bc)
+    c = torch.empty(0, device="mgpu").set_(a)
+    assert_same(c, a_cpu)
+    d = torch.randn(3, device="mgpu").set_()
+    assert d.shape == (0,)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.empty(0, device="mgpu").set_(a.untyped_storage(), 0, (10,), (1,))
+    with pytest.raises(RuntimeError, match="devices must match"):
+        torch.empty(0, device="mgpu").set_(torch.randn(3))
+
+
+def test_save_load_deepcopy_and_storage_copies():
+    import copy
+    import io
+    m = torch.nn.Linear(4, 3).to("mgpu")
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf, map_location="cpu")
+    assert torch.equal(sd["weight"], m.weight.cpu())
+    m2 = copy.deepcopy(m)
+    assert m2.weight.device.type == "mgpu" and torch.equal(m2.weight.cpu(), m.weight.cpu())
+    with torch.no_grad():
+        m2.weight.add_(1)  # a deep copy is independent
+    assert not torch.equal(m2.weight.cpu(), m.weight.cpu())
+    s = m.weight.untyped_storage().cpu()
+    assert s.nbytes() == m.weight.nbytes

@@ -175,6 +175,73 @@ at::Tensor mgpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& d
 
 bool mgpu_is_pinned(const at::Tensor& self, std::optional<at::Device> device) { return false; }
 
+// set_ rebinds a tensor to a storage: for mgpu, pure metadata (the storage's
+// lazy value comes along), so no node is recorded.
+void check_mgpu_storage(const at::Tensor& self, const c10::Storage& source) {
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "Attempted to set the storage of a tensor on device \"", self.device(),
+              "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the devices must match.");
+}
+
+at::Tensor& mgpu_set_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
+                                    c10::SymIntArrayRef stride) {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  check_mgpu_storage(self, source);
+  std::vector<int64_t> sizes, strides;
+  for (const auto& v : size) sizes.push_back(v.expect_int());
+  for (const auto& v : stride) strides.push_back(v.expect_int());
+  if (strides.empty()) {
+    strides.assign(sizes.size(), 1);
+    for (int i = static_cast<int>(sizes.size()) - 2; i >= 0; --i)
+      strides[i] = strides[i + 1] * std::max<int64_t>(sizes[i + 1], 1);
+  }
+  int64_t off = offset.expect_int();
+  TORCH_CHECK(off >= 0, "Tensor: invalid storage offset ", off);
+  // Same bounds rule as eager: the view must fit in the storage.
+  int64_t extent = 0;
+  bool empty = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) empty = true;
+    extent += (sizes[i] - 1) * strides[i];
+  }
+  if (!empty) {
+    int64_t need = (off + extent + 1) * static_cast<int64_t>(self.dtype().itemsize());
+    TORCH_CHECK(need <= static_cast<int64_t>(source.nbytes()), "setStorage: sizes ", c10::IntArrayRef(sizes),
+                ", strides ", c10::IntArrayRef(strides),
+                ", storage offset ", off, ", and itemsize ", self.dtype().itemsize(), " requiring a storage size of ",
+                need, " are out of bounds for storage of size ", source.nbytes());
+  }
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(source);
+  impl->set_sizes_and_strides(sizes, strides, off);
+  return self;
+}
+
+at::Tensor& mgpu_set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  std::vector<c10::SymInt> size{c10::SymInt(n)};
+  return mgpu_set_storage_offset(self, std::move(source), 0, size, {});
+}
+
+at::Tensor& mgpu_set_tensor(at::Tensor& self, const at::Tensor& source) {
+  TORCH_CHECK(is_mgpu(source), "Attempted to set the storage of a tensor on device \"", self.device(),
+              "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the devices must match.");
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(), " to a tensor of type ",
+              self.dtype());
+  std::vector<c10::SymInt> size(source.sizes().begin(), source.sizes().end());
+  std::vector<c10::SymInt> stride(source.strides().begin(), source.strides().end());
+  return mgpu_set_storage_offset(self, source.storage(), source.storage_offset(), size, stride);
+}
+
+at::Tensor& mgpu_set_empty(at::Tensor& self) {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(new_storage(0, self.device().index()));
+  impl->set_sizes_contiguous({0});
+  return self;
+}
+
 } // namespace
 } // namespace torch_mgpu::capture
 
@@ -183,4 +250,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(torch_mgpu::capture::mgpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(torch_mgpu::capture::mgpu_copy_from_and_resize));
   m.impl("is_pinned", TORCH_FN(torch_mgpu::capture::mgpu_is_pinned));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(torch_mgpu::capture::mgpu_set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(torch_mgpu::capture::mgpu_set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(torch_mgpu::capture::mgpu_set_tensor));
+  m.impl("set_", TORCH_FN(torch_mgpu::capture::mgpu_set_empty));
 }
