@@ -14,4 +14,4 @@ def chain(x):
 def cases(quick):
     def make(device):
         return (torch.randn(64, generator=gen(8)).to(device),)
-    return [Case("chain", "1000 small ops", make, chain, None, compile_ok=False, reps=5 if quick else 9)]
+    return [Case("chain", "1000 small ops", make, chain, None, reps=5 if quick else 9)]

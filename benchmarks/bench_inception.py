@@ -30,4 +30,4 @@ def cases(quick):
         out = m(x)
         out.square().mean().backward()
         return [p.grad for p in m.parameters()]
-    return [Case("inception", f"fwd+bwd batch {batch} {hw}x{hw}", make, fwd_bwd, None, compile_ok=False)]
+    return [Case("inception", f"fwd+bwd batch {batch} {hw}x{hw}", make, fwd_bwd, None)]

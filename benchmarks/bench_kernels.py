@@ -70,7 +70,7 @@ def cases(quick):
         return (torch.randn(4 * n, d, generator=g).to(device), torch.randn(8, d, generator=g).to(device),
                 torch.zeros(8, d).to(device), torch.full((8,), -2.079).to(device))
     return [
-        Case("kernels", f"GP 4 length-scales n={n}", make_gp, gp_heads, None, compile_ok=False),
+        Case("kernels", f"GP 4 length-scales n={n}", make_gp, gp_heads, None),
         Case("kernels", f"kNN 8 query blocks n={n}", make_knn, knn, knn_fork),
         Case("kernels", f"GMM EM step 8 comps n={4 * n}", make_gmm, gmm_em_step, None),
     ]

@@ -2,6 +2,7 @@
 // geometry comes from running it on Meta tensors (cached per signature);
 // the call is recorded as one IR node. Views alias the mgpu storage directly,
 // in-place and out= ops produce the next version of the written storages.
+#include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/meta_cache.h"
 #include "capture/random.h"
@@ -218,25 +219,13 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
 // errors (the tiny shapes may not fit) are ignored. Ops that draw random
 // numbers are not probed: the probe must not move any generator.
 at::Tensor zeros_like_on_cpu(const at::Tensor& t) {
-  if (!t.defined() || !is_mgpu(t)) return t;
+  if (!is_mgpu(t)) return t;
   return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
 }
 
 int64_t input_numel(const std::vector<c10::IValue>& args) {
   int64_t n = 0;
-  auto add = [&](const at::Tensor& t) {
-    if (t.defined()) n += t.numel();
-  };
-  for (const auto& v : args) {
-    if (v.isTensor()) add(v.toTensor());
-    else if (v.isTensorList())
-      for (const auto& t : v.toTensorList()) add(t);
-    else if (v.isOptionalTensorList())
-      for (const auto& e : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = e;
-        if (t) add(*t);
-      }
-  }
+  for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { n += t.numel(); });
   return n;
 }
 
@@ -256,24 +245,8 @@ void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>&
   if (input_numel(args) > kMaxProbeNumel) return;
   torch::jit::Stack s;
   for (const auto& v : args) {
-    if (v.isTensor()) {
-      s.emplace_back(zeros_like_on_cpu(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(zeros_like_on_cpu(t));
-      s.emplace_back(l);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> l;
-      for (const auto& e : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = e;
-        l.push_back(t ? std::optional<at::Tensor>(zeros_like_on_cpu(*t)) : std::nullopt);
-      }
-      s.emplace_back(l);
-    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      s.emplace_back(c10::Device(c10::kCPU));
-    } else {
-      s.push_back(v);
-    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) s.emplace_back(c10::Device(c10::kCPU));
+    else s.push_back(map_tensors(v, zeros_like_on_cpu));
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
@@ -466,19 +439,10 @@ void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IVa
   bool any_mgpu = false;
   std::optional<c10::Device> other;
   auto see = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
     if (is_mgpu(t)) any_mgpu = true;
     else if (t.dim() > 0 || !t.device().is_cpu()) other = t.device();
   };
-  for (const auto& v : args) {
-    if (v.isTensor()) see(v.toTensor());
-    else if (v.isTensorList()) for (const auto& t : v.toTensorList()) see(t);
-    else if (v.isOptionalTensorList())
-      for (const auto& e : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = e;
-        if (t) see(*t);
-      }
-  }
+  for (const auto& v : args) for_each_tensor(v, see);
   TORCH_CHECK(!(any_mgpu && other), "Expected all tensors to be on the same device, but found at least two devices, mgpu:0 and ",
               *other, "!");
 }

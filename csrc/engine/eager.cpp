@@ -1,6 +1,7 @@
 // Ops that cannot be recorded run now on CPU: ops with no Meta kernel, ops
 // whose output shape depends on data (nonzero, masked_select), ops that
 // return Python numbers (item). Also the copies between mgpu and the host.
+#include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/random.h"
 #include "engine/engine.h"
@@ -50,36 +51,21 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Written storages first, so that reads of the same storage see the copy.
   for (size_t i = 0; i < nargs; ++i) {
     const auto& a = schema.arguments()[i];
-    if (!(a.alias_info() && a.alias_info()->isWrite())) continue;
-    if (args[i].isTensor()) args[i] = to_cpu(args[i].toTensor(), true);
-    else if (args[i].isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : args[i].toTensorList()) l.push_back(to_cpu(t, true));
-      args[i] = c10::List<at::Tensor>(l);
-    }
+    if (a.alias_info() && a.alias_info()->isWrite())
+      args[i] = map_tensors(args[i], [&](const at::Tensor& t) { return to_cpu(t, true); });
   }
   for (size_t i = 0; i < nargs; ++i) {
     auto& v = args[i];
     const auto& a = schema.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite()) continue;
-    if (v.isTensor()) v = to_cpu(v.toTensor(), false);
-    else if (v.isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(to_cpu(t, false));
-      v = c10::List<at::Tensor>(l);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> l;
-      for (const auto& e : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = e;
-        l.push_back(t ? std::optional<at::Tensor>(to_cpu(*t, false)) : std::nullopt);
-      }
-      v = l;
-    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       check_device_index(v.toDevice().index());
       device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
       v = c10::Device(c10::kCPU);
     } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
       v = at::make_generator<at::CPUGeneratorImpl>(draw_seed(v.toGenerator()));
+    } else {
+      v = map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
     }
   }
 

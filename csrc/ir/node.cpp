@@ -136,37 +136,30 @@ uint64_t Node::hash() const {
   return h;
 }
 
-NodePtr make_data(c10::Storage storage) {
+namespace {
+// A leaf: not an op, never pending, one output of `nbytes`.
+NodePtr make_leaf(NodeKind kind, const char* name, size_t nbytes) {
   auto n = std::make_shared<Node>();
-  n->kind = NodeKind::Data;
-  g_pending.fetch_sub(1);  // constructed as Op; a Data node is never pending
-  n->name = "data";
+  n->kind = kind;
+  g_pending.fetch_sub(1);  // constructed counting as a pending op
+  n->name = name;
   Output o;
-  o.nbytes = storage.nbytes();
+  o.nbytes = nbytes;
   n->outputs.push_back(o);
+  return n;
+}
+} // namespace
+
+NodePtr make_data(c10::Storage storage) {
+  auto n = make_leaf(NodeKind::Data, "data", storage.nbytes());
   n->data = std::move(storage);
   return n;
 }
 
-NodePtr make_empty(size_t nbytes) {
-  auto n = std::make_shared<Node>();
-  n->kind = NodeKind::Empty;
-  g_pending.fetch_sub(1);
-  n->name = "empty";
-  Output o;
-  o.nbytes = nbytes;
-  n->outputs.push_back(o);
-  return n;
-}
+NodePtr make_empty(size_t nbytes) { return make_leaf(NodeKind::Empty, "empty", nbytes); }
 
 NodePtr make_error(std::string message, size_t nbytes) {
-  auto n = std::make_shared<Node>();
-  n->kind = NodeKind::Error;
-  g_pending.fetch_sub(1);
-  n->name = "error";
-  Output o;
-  o.nbytes = nbytes;
-  n->outputs.push_back(o);
+  auto n = make_leaf(NodeKind::Error, "error", nbytes);
   n->error = std::move(message);
   return n;
 }
