@@ -97,6 +97,5 @@ void meta_cache_put(const void* op, std::string key, MetaResult result) {
   c.map.emplace(full_key(op, key), std::move(result));
 }
 
-size_t meta_cache_size() { return cache().map.size(); }
 
 } // namespace torch_mgpu::capture

@@ -42,6 +42,5 @@ struct SignatureKey {
 
 const MetaResult* meta_cache_find(const void* op, const std::string& key);
 void meta_cache_put(const void* op, std::string key, MetaResult result);
-size_t meta_cache_size();
 
 } // namespace torch_mgpu::capture

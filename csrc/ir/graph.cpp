@@ -6,12 +6,6 @@
 
 namespace torch_mgpu::ir {
 
-int Graph::index_of(const Node* n) const {
-  for (size_t i = 0; i < nodes.size(); ++i)
-    if (nodes[i].get() == n) return static_cast<int>(i);
-  return -1;
-}
-
 Graph build_graph(const std::vector<Value>& roots) {
   Graph g;
   g.roots = roots;

@@ -21,7 +21,6 @@ struct Graph {
   // Structural hash of the whole graph: node hashes plus edges plus roots.
   uint64_t hash = 0;
 
-  int index_of(const Node* n) const;
   size_t size() const { return nodes.size(); }
 };
 

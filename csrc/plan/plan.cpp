@@ -69,18 +69,6 @@ void compute_reuse(const ir::Graph& g, Plan& p) {
   }
 }
 
-std::vector<std::vector<int>> reader_counts(const ir::Graph& g) {
-  auto index = index_of(g);
-  std::vector<std::vector<int>> counts(g.size());
-  for (size_t i = 0; i < g.size(); ++i) counts[i].assign(g.nodes[i]->outputs.size(), 0);
-  for (const auto& node : g.nodes)
-    for (const auto& v : node->operands) {
-      auto it = index.find(v.node.get());
-      if (it != index.end()) counts[it->second][v.index]++;
-    }
-  return counts;
-}
-
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
   std::vector<Work> work(g.size());
   for (size_t i = 0; i < g.size(); ++i) work[i] = estimate_work(*g.nodes[i]);

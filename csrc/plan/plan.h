@@ -52,8 +52,4 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
 // that version's only reader and the version is not wanted after the sync.
 void compute_reuse(const ir::Graph& g, Plan& plan);
 
-// For the executor: how many nodes read each output (node, index) of the
-// graph, so that bytes are freed when the last reader is done.
-std::vector<std::vector<int>> reader_counts(const ir::Graph& g);
-
 } // namespace torch_mgpu::plan
