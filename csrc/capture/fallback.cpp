@@ -80,6 +80,9 @@ struct Call {
   SignatureKey key;
   c10::DeviceIndex device = 0;
   bool cpu_as_meta = false;  // copies take a whole CPU tensor as their source
+  // Whether to build Meta twins: only on a cache miss. A hit needs the
+  // signature and the storages, not a Meta call (nor Meta allocations).
+  bool build_meta = false;
 
   int storage_index(const at::Tensor& t) {
     auto* impl = t.storage().unsafeGetStorageImpl();
@@ -88,9 +91,10 @@ struct Call {
     int i = static_cast<int>(storages.size());
     index.emplace(impl, i);
     storages.push_back(t.storage());
-    meta.push_back(at::empty({static_cast<int64_t>(t.storage().nbytes())},
-                             at::TensorOptions().dtype(at::kByte).device(at::kMeta))
-                       .storage());
+    if (build_meta)
+      meta.push_back(at::empty({static_cast<int64_t>(t.storage().nbytes())},
+                               at::TensorOptions().dtype(at::kByte).device(at::kMeta))
+                         .storage());
     return i;
   }
 
@@ -105,7 +109,7 @@ struct Call {
       key.add_geometry(geometry_of(t));
       key.add(static_cast<int64_t>(t.device().type()));
       cpu_inputs.push_back(t);
-      if (cpu_as_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+      if (cpu_as_meta && build_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
       return t;  // meta kernels accept CPU scalars and refuse the rest, as eager does
     }
     device = t.device().index();
@@ -114,11 +118,10 @@ struct Call {
     key.add(i);
     key.add(static_cast<int64_t>(storages[i].nbytes()));
     key.add_geometry(g);
+    if (mutated) mutated_slots.push_back(t);
+    if (!build_meta) return t;
     auto m = meta_view(meta[i], g);
-    if (mutated) {
-      mutated_slots.push_back(t);
-      mutated_meta.push_back(m);
-    }
+    if (mutated) mutated_meta.push_back(m);
     return m;
   }
 };
@@ -299,9 +302,10 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   const size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
 
+  // The signature (and the storages read and written) without Meta twins.
   Call call;
   call.cpu_as_meta = cpu_as_meta;
-  auto margs = meta_arguments(schema, args, call);
+  meta_arguments(schema, args, call);
   const void* op_key = &schema;
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(op_key, call.key.bytes) : nullptr;
   MetaResult fresh;
@@ -309,7 +313,12 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     counters().meta_cache_hits++;
   } else {
     counters().meta_cache_misses++;
-    fresh = infer(op, std::move(margs), call);
+    // The same walk with Meta twins: storage indices come out the same.
+    Call full;
+    full.cpu_as_meta = cpu_as_meta;
+    full.build_meta = true;
+    auto margs = meta_arguments(schema, args, full);
+    fresh = infer(op, std::move(margs), full);
     probe_dtypes(op, args);
     if (call.key.cacheable) meta_cache_put(op_key, call.key.bytes, fresh);
     cached = &fresh;
