@@ -13,7 +13,7 @@ void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta);
 
 // Eager's rule: host tensors beside mgpu tensors only as 0-dim scalars.
-void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 // Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
 // data-dependent output shapes or non-tensor results), rebinding mutated

@@ -439,7 +439,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
 
 } // namespace
 
-void check_same_device(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   // As on CUDA, indexing takes its indices from the host.
   static const std::unordered_set<std::string> host_indices = {
       "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
@@ -467,7 +467,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     eager_fallback(op, stack);
     return;
   }
-  if (!cpu_as_meta) check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()).vec());
+  if (!cpu_as_meta) check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
   try {
     record(op, stack, cpu_as_meta);
   } catch (const std::exception&) {
