@@ -39,6 +39,29 @@ def test_configure_and_lanes(lanes_config):
         torch_mgpu.configure(devices=["tpu"])
     with pytest.raises(ValueError, match="lanes_per_device"):
         torch_mgpu.configure(lanes_per_device=0)
+    with pytest.raises(RuntimeError, match="unknown device 'cuda'"):
+        torch_mgpu.configure(devices=["cuda"])  # a device index is needed
+    before = torch_mgpu.lanes()
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA lanes need a CUDA device"):
+            torch_mgpu.configure(devices=["cuda:0"])
+    else:
+        with pytest.raises(RuntimeError, match="does not exist"):
+            torch_mgpu.configure(devices=[f"cuda:{torch.cuda.device_count()}"])
+    assert torch_mgpu.lanes() == before  # a refused configuration changes nothing
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_lanes_match_eager(lanes_config):
+    torch_mgpu.configure(devices=[f"cuda:{k}" for k in range(torch.cuda.device_count())], lanes_per_device=2)
+    assert torch_mgpu.lanes()[0] == "cuda:0/stream0"
+    torch.manual_seed(0)
+    xs = [torch.randn(96, 96) for _ in range(6)]
+    ref = branchy(xs)
+    got = branchy([x.to("mgpu") for x in xs]).cpu()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    plan = torch_mgpu.last_plan()
+    assert plan.lanes_used >= 2
 
 
 def test_environment_configures_lanes():

@@ -50,8 +50,9 @@ def configure(devices=None, lanes_per_device=None, policy=None) -> None:
 
     devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
     (two virtual devices: values crossing them are copied, as between GPUs),
-    or ["cuda:0", "cuda:1"]. lanes_per_device: lanes on each device (default:
-    the host's cores shared among the devices). policy: "auto" (default),
+    or ["cuda:0", "cuda:1"] (each lane a stream of its device).
+    lanes_per_device: lanes on each device (default: the host's cores shared
+    among CPU devices, 4 streams per CUDA device). policy: "auto" (default),
     "heft" or "serial". Arguments left None keep their current value.
     Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY.
     """

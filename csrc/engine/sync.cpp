@@ -102,22 +102,52 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-// Lanes, policy and the plan cache. Guarded by state_mutex().
+// The devices a topology string names, checked against what this machine has.
+void check_devices(const plan::Topology& t) {
+  if (!t.cuda) return;
+  const int visible = runtime::cuda_device_count();
+  TORCH_CHECK(visible > 0, "torch_mgpu: CUDA lanes need a CUDA device, and none is available ",
+              "(a CPU build of torch, or no GPU); use cpu devices");
+  for (const auto& d : t.devices) {
+    auto dev = runtime::physical_device(d);
+    TORCH_CHECK(dev.index() < visible, "torch_mgpu: device '", d, "' does not exist (", visible,
+                " CUDA device(s) visible)");
+  }
+}
+
+// Where CUDA is available, every visible device with a few streams each
+// (TORCH_MGPU_LANES overrides); else one CPU lane per core.
+constexpr int kStreamsPerDevice = 4;
+
+// Lanes (and their places), policy and the plan cache. Guarded by state_mutex().
 struct Config {
   plan::Topology topo;
+  std::vector<runtime::Place> places;
   std::string policy = "auto";
   std::unordered_map<uint64_t, std::shared_ptr<const plan::Plan>> plans;  // by graph hash
   Config() {
     const char* d = std::getenv("TORCH_MGPU_DEVICES");
     const char* l = std::getenv("TORCH_MGPU_LANES");
     const char* p = std::getenv("TORCH_MGPU_POLICY");
-    std::vector<std::string> devices = d ? split(d) : std::vector<std::string>{"cpu"};
-    int lanes = l ? std::atoi(l) : (devices.size() > 1 ? std::max(1, host_cores() / static_cast<int>(devices.size()))
-                                                       : host_cores());
-    topo = plan::make_topology(devices, lanes, host_cores());
+    std::vector<std::string> devices;
+    if (d) {
+      devices = split(d);
+    } else {
+      for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
+      if (devices.empty()) devices.push_back("cpu");
+    }
+    set(devices, l ? std::atoi(l) : default_lanes(devices));
     if (p) policy = p;
-    TORCH_CHECK(topo.cuda == false, "torch_mgpu: CUDA lanes are not available in this build; ",
-                "set TORCH_MGPU_DEVICES to cpu devices");
+  }
+  static int default_lanes(const std::vector<std::string>& devices) {
+    if (!devices.empty() && devices[0].rfind("cuda", 0) == 0) return kStreamsPerDevice;
+    return std::max(1, host_cores() / static_cast<int>(devices.size()));
+  }
+  void set(const std::vector<std::string>& devices, int lanes) {
+    auto t = plan::make_topology(devices, lanes, host_cores());
+    check_devices(t);
+    places = runtime::make_places(t);
+    topo = std::move(t);
   }
 };
 
@@ -148,10 +178,14 @@ std::shared_ptr<const PlanRecord> last_plan() {
 }
 
 const plan::CostModel& cost_model() {
-  static plan::CostModel cm = [] {
-    const char* skip = std::getenv("TORCH_MGPU_NO_CALIBRATION");
-    return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores());
-  }();
+  static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
+  if (config().topo.cuda) {
+    // Devices of one topology are taken to be alike: the first one is measured.
+    static plan::CostModel device_cm = skip ? plan::CostModel()
+                                            : runtime::calibrate_device(config().places.at(0).device);
+    return device_cm;
+  }
+  static plan::CostModel cm = skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores());
   return cm;
 }
 
@@ -164,12 +198,10 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   }
   std::vector<std::string> devs = devices.empty() ? c.topo.devices : devices;
   int lanes = lanes_per_device > 0 ? lanes_per_device : c.topo.lanes_per_device;
-  if (!devices.empty() && lanes_per_device <= 0)
-    lanes = std::max(1, host_cores() / static_cast<int>(devs.size()));
-  auto topo = plan::make_topology(devs, lanes, host_cores());
-  TORCH_CHECK(!topo.cuda, "torch_mgpu: CUDA lanes are not available in this build (no CUDA device)");
+  if (!devices.empty() && lanes_per_device <= 0) lanes = Config::default_lanes(devs);
+  check_devices(plan::make_topology(devs, lanes, host_cores()));  // refuse before running anything
   capture::sync_all();  // pending work runs where it was planned to
-  c.topo = topo;
+  c.set(devs, lanes);
   if (!policy.empty()) c.policy = policy;
   c.plans.clear();
 }
@@ -245,7 +277,7 @@ void sync_all() {
   const plan::Plan& p = *shared_plan;
   counters().syncs++;
   auto t2 = clock::now();
-  runtime::ExecResult r = runtime::execute(g, p);
+  runtime::ExecResult r = runtime::execute(g, p, config().places);
   auto t3 = clock::now();
   std::unordered_map<const ir::Node*, int> index;
   for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
@@ -266,8 +298,18 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
   if (b->value.node->is_pending()) sync_all();
   const auto& n = *b->value.node;
   switch (n.kind) {
-    case ir::NodeKind::Data:
-      return n.data;
+    case ir::NodeKind::Data: {
+      if (n.data.device().is_cpu()) return n.data;
+      // Computed on a device: the host gets a copy, and the storage keeps
+      // both (lanes on that device read the device bytes with no transfer).
+      c10::Storage host = runtime::copy_to(n.data, c10::Device(c10::kCPU));
+      auto leaf = ir::make_data(host);
+      leaf->replicas.push_back(n.data);
+      for (const auto& r : n.replicas)
+        if (!r.device().is_cpu()) leaf->replicas.push_back(r);
+      b->value = ir::Value{leaf, 0};
+      return host;
+    }
     case ir::NodeKind::Empty: {
       // First read of an uninitialized storage: give it bytes for good.
       b->value = ir::Value{ir::make_data(runtime::allocate(n.outputs[0].nbytes)), 0};

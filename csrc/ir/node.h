@@ -89,6 +89,10 @@ struct Node {
   std::vector<Value> operands;
   std::vector<Output> outputs;
   c10::Storage data;   // Data nodes only
+  // Data nodes only: copies of `data` on other devices, made where lanes on
+  // those devices read it (the bytes never change, so a copy stays valid).
+  // Written by the executor under its lock.
+  std::vector<c10::Storage> replicas;
   std::string error;   // Error nodes only
   // Ops that draw from a global generator with no Generator argument run
   // with this seed, so that results do not depend on the schedule.

@@ -21,7 +21,8 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
   bool any_cuda = false, any_cpu = false;
   for (size_t d = 0; d < devices.size(); ++d) {
     const auto& s = devices[d];
-    bool is_cuda = s.rfind("cuda", 0) == 0;
+    bool is_cuda = s.size() > 5 && s.rfind("cuda:", 0) == 0 &&
+        s.find_first_not_of("0123456789", 5) == std::string::npos;
     TORCH_CHECK(is_cuda || s == "cpu" || s.rfind("cpu:", 0) == 0,
                 "torch_mgpu: unknown device '", s, "' (expected 'cpu' or 'cuda:N')");
     any_cuda |= is_cuda;

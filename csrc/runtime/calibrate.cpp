@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -76,6 +78,40 @@ plan::CostModel calibrate_cpu(int cores) {
     cm.launch_s = wake[wake.size() / 2];
     cm.lane_sync_s = std::max(5e-6, std::min(cm.launch_s / 4, 50e-6));
   }
+  cm.calibrated = true;
+  return cm;
+}
+
+plan::CostModel calibrate_device(c10::Device device) {
+  plan::CostModel cm;
+  at::AutoDispatchBelowADInplaceOrView guard;
+  c10::DeviceGuard on(device);
+  c10::impl::VirtualGuardImpl impl(device.type());
+  auto sync = [&] { impl.getStream(device).synchronize(); };
+  auto opts = at::TensorOptions().device(device);
+  auto big = at::randn({2048, 2048}, opts);
+  auto small = at::randn({128, 128}, opts);
+  auto vec = at::randn({1 << 22}, opts);
+  auto tiny = at::randn({4}, opts);
+  auto host = at::randn({1 << 22});
+  double t_big = median_seconds([&] { at::mm(big, big); sync(); }, 5);
+  double t_small = median_seconds([&] { at::mm(small, small); sync(); }, 9);
+  double t_vec = median_seconds([&] { at::add(vec, vec); sync(); }, 7);
+  double t_tanh = median_seconds([&] { at::tanh(vec); sync(); }, 5);
+  // Launch cost: many tiny ops queued back to back, per op.
+  double t_tiny = median_seconds([&] { for (int k = 0; k < 32; ++k) at::add(tiny, tiny); sync(); }, 5) / 32;
+  double t_h2d = median_seconds([&] { host.to(device); sync(); }, 5);
+  cm.gemm_flops_per_s = 2.0 * 2048 * 2048 * 2048 / t_big;
+  cm.small_gemm_flops_per_s = 2.0 * 128 * 128 * 128 / t_small;
+  cm.elem_per_s = (1 << 22) / t_vec;
+  cm.transcendental_per_s = (1 << 22) / t_tanh;
+  cm.bytes_per_s = 3.0 * 4 * (1 << 22) / t_vec;
+  cm.op_overhead_s = t_tiny;
+  cm.transfer_bytes_per_s = 4.0 * (1 << 22) / t_h2d;
+  cm.transfer_latency_s = 10e-6;
+  cm.lane_sync_s = 10e-6;  // an event record and wait
+  cm.parallel_min_flops = 0;
+  cm.parallel_efficiency = 0;  // a stream lane runs on one host thread
   cm.calibrated = true;
   return cm;
 }

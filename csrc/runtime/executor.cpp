@@ -2,7 +2,8 @@
 #include "stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/CPUAllocator.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
@@ -15,6 +16,7 @@
 #include <tuple>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace torch_mgpu::runtime {
@@ -23,22 +25,10 @@ at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom)
   return ir::make_view(storage, c10::DispatchKey::CPU, geom);
 }
 
-c10::Storage allocate(size_t nbytes) {
-  auto* alloc = c10::GetAllocator(c10::DeviceType::CPU);
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), nbytes, alloc->allocate(nbytes), alloc, true));
-}
-
 namespace {
 
-c10::Storage copy_bytes(const c10::Storage& src) {
-  c10::Storage dst = allocate(src.nbytes());
-  if (src.nbytes()) std::memcpy(dst.mutable_data(), src.data(), src.nbytes());
-  return dst;
-}
-
-// Ops that draw from the global CPU generator with no Generator argument
-// (native_dropout) run with the node's own seed, one at a time.
+// Ops that draw from the device's default generator with no Generator
+// argument (native_dropout) run with the node's own seed, one at a time.
 std::mutex& global_generator_mutex() {
   static std::mutex m;
   return m;
@@ -52,25 +42,39 @@ bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
 
 c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s) {
   if (!r) return c10::IValue();
-  return cpu_view(s[r->operand], r->geom);
+  return view(s[r->operand], r->geom);
+}
+
+// Capture records the mgpu device as "cpu" and generators as seeded CPU
+// generators; on another device they become that device and a generator of
+// it with the same seed.
+c10::IValue constant_at(const c10::IValue& v, const Place& place) {
+  if (place.device.is_cpu()) return v;
+  if (v.isDevice() && v.toDevice().is_cpu()) return place.device;
+  if (v.isGenerator() && v.toGenerator().device().is_cpu()) {
+    at::Generator g = at::globalContext().defaultGenerator(place.device).clone();
+    g.set_current_seed(v.toGenerator().current_seed());
+    return g;
+  }
+  return v;
 }
 
 } // namespace
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
-                                   const std::vector<bool>& reuse) {
+                                   const std::vector<bool>& reuse, const Place& place) {
   // Each operand a distinct storage; writes go to a private copy unless the
   // plan proved this node the value's only reader.
   for (const auto& o : n.outputs)
     if (o.mutated_operand >= 0 && !reuse[o.mutated_operand])
-      operands[o.mutated_operand] = copy_bytes(operands[o.mutated_operand]);
+      operands[o.mutated_operand] = copy_to(operands[o.mutated_operand], operands[o.mutated_operand].device());
 
   torch::jit::Stack stack;
   stack.reserve(n.args.size());
   for (const auto& a : n.args) {
     switch (a.kind) {
       case ir::Arg::Kind::Constant:
-        stack.push_back(a.constant);
+        stack.push_back(constant_at(a.constant, place));
         break;
       case ir::Arg::Kind::Tensor:
         stack.push_back(tensor_ivalue(a.tensors[0], operands));
@@ -84,7 +88,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       case ir::Arg::Kind::OptionalTensorList: {
         c10::List<std::optional<at::Tensor>> l;
         for (const auto& r : a.tensors)
-          l.push_back(r ? std::optional<at::Tensor>(cpu_view(operands[r->operand], r->geom)) : std::nullopt);
+          l.push_back(r ? std::optional<at::Tensor>(view(operands[r->operand], r->geom)) : std::nullopt);
         stack.emplace_back(l);
         break;
       }
@@ -97,7 +101,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       // One seeded op at a time; the generator's own mutex is not held while
       // the op runs, since the op locks it to draw.
       std::lock_guard<std::mutex> lock(global_generator_mutex());
-      auto gen = at::detail::getDefaultCPUGenerator();
+      at::Generator gen = at::globalContext().defaultGenerator(place.device);
       at::Generator saved;
       {
         std::lock_guard<std::mutex> glock(gen.mutex());
@@ -150,12 +154,12 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       int64_t want = c10::multiply_integers(o.geom.sizes);
       TORCH_CHECK(r.numel() == 0 || want == 0, "mgpu: ", n.name, " returned shape ", r.sizes(),
                   " where its Meta kernel promised ", c10::IntArrayRef(o.geom.sizes));
-      c10::Storage fresh = allocate(o.nbytes);
-      if (o.nbytes) std::memset(fresh.mutable_data(), 0, o.nbytes);
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      zero(fresh);
       out.push_back(fresh);
     } else if (aliases || !same_geometry(r, o.geom) || r.storage().nbytes() < o.nbytes) {
-      c10::Storage fresh = allocate(o.nbytes);
-      cpu_view(fresh, o.geom).copy_(r);
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      view(fresh, o.geom).copy_(r);
       out.push_back(fresh);
     } else {
       out.push_back(r.storage());
@@ -168,28 +172,40 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
 namespace {
 
 // Shared by the lanes of one execution. Guarded by `m`: statuses, values,
-// reader counts and cross-device copies. Lanes wait on `cv` for inputs.
+// reader counts, cross-device copies and Data replicas. Lanes wait on `cv`
+// for inputs (the host order); stream lanes also wait on their inputs'
+// events (the device order).
 struct Run {
   const ir::Graph& g;
   const plan::Plan& p;
+  const std::vector<Place>& places;
   ExecResult& res;
   std::unordered_map<const ir::Node*, int> index;
   std::vector<std::vector<int>> readers;
   std::vector<std::vector<bool>> is_root;
   std::map<std::tuple<int, int, int>, c10::Storage> copies;  // (node, output, device)
+  // Stream lanes: an event after each node read on another lane.
+  std::vector<std::optional<c10::Event>> events;
   std::mutex m;
   std::condition_variable cv;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   bool parallel = false;
 
-  Run(const ir::Graph& graph, const plan::Plan& plan, ExecResult& r) : g(graph), p(plan), res(r) {
+  Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place>& pl, ExecResult& r)
+      : g(graph), p(plan), places(pl), res(r) {
+    TORCH_INTERNAL_ASSERT(places.size() >= p.lanes.size(), "mgpu: a place is needed for every lane");
     for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
     readers.resize(g.size());
+    events.resize(g.size());
     for (size_t i = 0; i < g.size(); ++i) readers[i].assign(g.nodes[i]->outputs.size(), 0);
-    for (const auto& node : g.nodes)
-      for (const auto& v : node->operands) {
+    for (size_t i = 0; i < g.size(); ++i)
+      for (const auto& v : g.nodes[i]->operands) {
         auto it = index.find(v.node.get());
-        if (it != index.end()) readers[it->second][v.index]++;
+        if (it == index.end()) continue;
+        int d = it->second;
+        readers[d][v.index]++;
+        const Place& from = places[p.lane_of[d]];
+        if (from.streams && p.lane_of[d] != p.lane_of[i] && !events[d]) events[d].emplace(from.device.type());
       }
     is_root.resize(g.size());
     for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
@@ -209,23 +225,46 @@ struct Run {
     }
   }
 
-  // The bytes of operand value v for a node on `device`; a value made on
+  // Materialized bytes for a lane at `place`: a copy on its device, made
+  // once and kept with the Data node.
+  c10::Storage leaf(const ir::Node& n, const Place& place, std::unique_lock<std::mutex>& lock) {
+    if (n.kind == ir::NodeKind::Empty) return allocate(n.outputs[0].nbytes, place.device);
+    if (n.data.device() == place.device) return n.data;
+    for (const auto& r : n.replicas)
+      if (r.device() == place.device) return r;
+    lock.unlock();
+    c10::Storage moved = copy_to(n.data, place.device);
+    counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
+    lock.lock();
+    for (const auto& r : n.replicas)
+      if (r.device() == place.device) return r;  // another lane was quicker
+    const_cast<ir::Node&>(n).replicas.push_back(moved);
+    return moved;
+  }
+
+  // The bytes of operand value v for a node on `lane`; a value made on
   // another device is copied over (a transfer), once per device.
-  c10::Storage operand(const ir::Value& v, int device, std::unique_lock<std::mutex>& lock) {
+  c10::Storage operand(const ir::Value& v, int lane, std::unique_lock<std::mutex>& lock) {
+    const Place& place = places[lane];
     auto it = index.find(v.node.get());
-    if (it == index.end()) {
-      if (v.node->kind == ir::NodeKind::Data) return v.node->data;
-      return allocate(v.node->outputs[0].nbytes);  // Empty: fresh bytes
-    }
+    if (it == index.end()) return leaf(*v.node, place, lock);
     int d = it->second;
-    int from = p.lanes[p.lane_of[d]].device;
+    const int src_lane = p.lane_of[d];
+    const int device = p.lanes[lane].device;
     c10::Storage src = res.values[d][v.index];
-    if (from == device) return src;
+    if (p.lanes[src_lane].device == device) return src;
     auto key = std::make_tuple(d, v.index, device);
     auto c = copies.find(key);
     if (c != copies.end()) return c->second;
     lock.unlock();
-    c10::Storage moved = copy_bytes(src);
+    c10::Storage moved;
+    {
+      // A device-to-device copy is queued after the producer on its stream;
+      // this lane's stream (current for its device) waits for the copy.
+      std::optional<c10::StreamGuard> on_producer;
+      if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
+      moved = copy_to(src, place.device);
+    }
     counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
     lock.lock();
     return copies.emplace(key, moved).first->second;
@@ -233,7 +272,7 @@ struct Run {
 
   void run_one(int lane, int i) {
     const ir::Node& node = *g.nodes[i];
-    const int device = p.lanes[lane].device;
+    const Place& place = places[lane];
     std::unique_lock<std::mutex> lock(m);
     if (parallel) {
       cv.wait(lock, [&] {
@@ -263,9 +302,14 @@ struct Run {
         cv.notify_all();
         return;
       }
-      operands.push_back(operand(v, device, lock));
+      operands.push_back(operand(v, lane, lock));
     }
     lock.unlock();
+    if (place.streams) {
+      for (int d : g.deps[i])
+        if (events[d] && p.lane_of[d] != lane) events[d]->block(place.stream);
+      for (const auto& s : operands) record_use(s, place.stream);
+    }
     NodeTiming timing;
     timing.lane = lane;
     timing.start = now();
@@ -273,7 +317,8 @@ struct Run {
     std::exception_ptr error;
     std::string message;
     try {
-      out = run_node(node, std::move(operands), p.reuse[i]);
+      out = run_node(node, std::move(operands), p.reuse[i], place);
+      if (events[i]) events[i]->record(place.stream);
     } catch (const std::exception& e) {
       error = std::current_exception();
       message = e.what();
@@ -301,32 +346,41 @@ struct Run {
     lock.unlock();
     if (parallel) cv.notify_all();
   }
+
+  // Runs lane l's nodes in order: a stream lane with its stream current,
+  // done when its stream has finished them.
+  void run_lane(int l) {
+    const Place& place = places[l];
+    std::optional<c10::StreamGuard> guard;
+    if (place.streams) guard.emplace(place.stream);
+    for (int i : p.lane_order[l]) run_one(l, i);
+    if (place.streams) place.stream.synchronize();
+  }
 };
 
 } // namespace
 
-ExecResult execute(const ir::Graph& g, const plan::Plan& p) {
+ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
   ExecResult res;
   const size_t n = g.size();
   res.values.resize(n);
   res.status.assign(n, Status::NotRun);
   res.timing.resize(n);
-  Run run(g, p, res);
+  Run run(g, p, places, res);
   std::vector<int> busy;
   for (size_t l = 0; l < p.lane_order.size(); ++l)
     if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));
   if (busy.size() <= 1) {
     // One lane: run on the calling thread with all its intra-op threads.
-    for (int l : busy)
-      for (int i : p.lane_order[l]) run.run_one(l, i);
+    for (int l : busy) run.run_lane(l);
   } else {
     run.parallel = true;
     at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
     std::vector<std::function<void()>> jobs;
     for (int l : busy)
-      jobs.emplace_back([&run, &p, &tls, l] {
+      jobs.emplace_back([&run, &tls, l] {
         at::ThreadLocalStateGuard guard(tls);
-        for (int i : p.lane_order[l]) run.run_one(l, i);
+        run.run_lane(l);
       });
     LanePool::instance().run(jobs, p.threads_per_lane);
   }

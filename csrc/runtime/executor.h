@@ -5,6 +5,7 @@
 #include "ir/graph.h"
 #include "ir/view.h"
 #include "plan/plan.h"
+#include "runtime/place.h"
 
 #include <ATen/ATen.h>
 
@@ -31,16 +32,16 @@ struct ExecResult {
   double makespan = 0;
 };
 
-ExecResult execute(const ir::Graph& g, const plan::Plan& p);
+// Runs plan `p` with `places[l]` the place of lane l (see place.h).
+ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places);
 
 // A CPU tensor over `storage` (CPU bytes) with `geom`.
 at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom);
-// Fresh CPU bytes for an operand that is uninitialized (torch.empty).
-c10::Storage allocate(size_t nbytes);
 
-// Runs one node. `operands[k]` are the bytes of operand k; `reuse[k]` lets
-// the node write operand k in place, else it writes a copy.
+// Runs one node at `place` (its device, with its stream current). Operand
+// bytes are on that device; `reuse[k]` lets the node write operand k in
+// place, else it writes a copy.
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
-                                   const std::vector<bool>& reuse);
+                                   const std::vector<bool>& reuse, const Place& place = Place());
 
 } // namespace torch_mgpu::runtime

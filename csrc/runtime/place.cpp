@@ -1,0 +1,97 @@
+#include "runtime/place.h"
+
+#include "ir/view.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cstring>
+
+namespace torch_mgpu::runtime {
+
+c10::Device physical_device(const std::string& name) {
+  if (name == "cpu" || name.rfind("cpu:", 0) == 0) return c10::Device(c10::kCPU);
+  c10::Device d(name);  // "cuda:N"; raises on anything malformed
+  TORCH_CHECK(d.is_cuda() && d.has_index(), "torch_mgpu: unknown device '", name,
+              "' (expected 'cpu' or 'cuda:N')");
+  return d;
+}
+
+int cuda_device_count() {
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return 0;
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
+}
+
+std::vector<Place> make_places(const plan::Topology& t) {
+  std::vector<Place> out;
+  out.reserve(t.lanes.size());
+  for (const auto& lane : t.lanes) {
+    Place p;
+    p.device = physical_device(t.devices[lane.device]);
+    if (!p.device.is_cpu()) {
+      c10::impl::VirtualGuardImpl impl(p.device.type());
+      p.stream = impl.getStreamFromGlobalPool(p.device, /*isHighPriority=*/false);
+      p.streams = true;
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
+  c10::Device d = storage.device();
+  c10::DispatchKey key =
+      d.is_cpu() ? c10::DispatchKey::CPU : c10::computeDispatchKey(geom.dtype, c10::kStrided, d);
+  return ir::make_view(storage, key, geom);
+}
+
+c10::Storage allocate(size_t nbytes, c10::Device device) {
+  c10::OptionalDeviceGuard guard;
+  if (!device.is_cpu()) guard.reset_device(device);
+  auto* alloc = c10::GetAllocator(device.type());
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, alloc->allocate(nbytes), alloc, true));
+}
+
+namespace {
+at::Tensor bytes_of(const c10::Storage& s) {
+  ir::TensorGeometry g;
+  g.dtype = c10::kByte;
+  g.sizes = {static_cast<int64_t>(s.nbytes())};
+  g.strides = {1};
+  return view(s, g);
+}
+} // namespace
+
+void zero(const c10::Storage& s) {
+  if (!s.nbytes()) return;
+  if (s.device().is_cpu()) {
+    std::memset(const_cast<void*>(s.data()), 0, s.nbytes());
+    return;
+  }
+  c10::DeviceGuard guard(s.device());
+  bytes_of(s).zero_();
+}
+
+c10::Storage copy_to(const c10::Storage& src, c10::Device device) {
+  c10::Storage dst = allocate(src.nbytes(), device);
+  if (!src.nbytes()) return dst;
+  if (src.device().is_cpu() && device.is_cpu()) {
+    std::memcpy(dst.mutable_data(), src.data(), src.nbytes());
+    return dst;
+  }
+  c10::DeviceGuard guard(device.is_cpu() ? src.device() : device);
+  bytes_of(dst).copy_(bytes_of(src), /*non_blocking=*/!device.is_cpu());
+  return dst;
+}
+
+void record_use(const c10::Storage& s, const c10::Stream& stream) {
+  if (s.device().is_cpu() || !s.nbytes()) return;
+  c10::impl::VirtualGuardImpl impl(s.device().type());
+  impl.recordDataPtrOnStream(s.data_ptr(), stream);
+}
+
+} // namespace torch_mgpu::runtime

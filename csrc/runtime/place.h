@@ -1,0 +1,52 @@
+#pragma once
+// Where a lane runs, and how bytes move between places. One executor serves
+// both kinds of lane; only the calls here differ between them.
+//
+// A CPU lane is a host thread: a node's work is done when its call returns,
+// so host-side ordering (the executor waits for a node's inputs) is all the
+// synchronization there is. A stream lane (CUDA) is a host thread that
+// launches onto one stream of one device: work is done when the stream gets
+// there. Its nodes run with that stream current (c10::StreamGuard), a value
+// read on another lane carries an event (recorded after its producer, waited
+// for by the reader's stream), a value read on another stream is recorded on
+// that stream for the caching allocator, and the lane synchronizes its
+// stream before it reports done. Everything goes through c10's generic
+// Stream / Event / DeviceGuardImplInterface, so it compiles in a CPU build.
+#include "ir/node.h"
+#include "plan/topology.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::runtime {
+
+struct Place {
+  c10::Device device{c10::kCPU};
+  c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  bool streams = false;  // ordered by its stream (events across lanes), not by the host
+};
+
+// "cpu" and "cpu:N" (virtual CPU devices are all the host) or "cuda:N".
+c10::Device physical_device(const std::string& name);
+// Visible CUDA devices: 0 in a CPU build or on a machine with no GPU.
+int cuda_device_count();
+// One place per lane: a CUDA lane takes its own stream from the device's pool.
+std::vector<Place> make_places(const plan::Topology& t);
+
+// A tensor over `storage` with `geom`, on the storage's device.
+at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom);
+// Fresh bytes on `device` (device memory is ordered on its current stream).
+c10::Storage allocate(size_t nbytes, c10::Device device = c10::Device(c10::kCPU));
+// Zeroes every byte of `s`.
+void zero(const c10::Storage& s);
+// A copy of `src` on `device`. Host to host is a memcpy; a copy that lands on
+// the host waits for it; any other copy is queued on the current streams.
+c10::Storage copy_to(const c10::Storage& src, c10::Device device);
+// Tells the caching allocator that `s` is in use on `stream` (a value read on
+// a stream other than the one it was made on). No-op for host bytes.
+void record_use(const c10::Storage& s, const c10::Stream& stream);
+
+} // namespace torch_mgpu::runtime
