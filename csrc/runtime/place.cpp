@@ -89,7 +89,7 @@ c10::Storage copy_to(const c10::Storage& src, c10::Device device) {
 }
 
 void record_use(const c10::Storage& s, const c10::Stream& stream) {
-  if (s.device().is_cpu() || !s.nbytes()) return;
+  if (!s.nbytes()) return;
   c10::impl::VirtualGuardImpl impl(s.device().type());
   impl.recordDataPtrOnStream(s.data_ptr(), stream);
 }

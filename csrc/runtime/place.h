@@ -46,7 +46,8 @@ void zero(const c10::Storage& s);
 // the host waits for it; any other copy is queued on the current streams.
 c10::Storage copy_to(const c10::Storage& src, c10::Device device);
 // Tells the caching allocator that `s` is in use on `stream` (a value read on
-// a stream other than the one it was made on). No-op for host bytes.
+// a stream other than the one it was made on), through the device's guard
+// implementation (a no-op for host memory).
 void record_use(const c10::Storage& s, const c10::Stream& stream);
 
 } // namespace torch_mgpu::runtime

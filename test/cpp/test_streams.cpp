@@ -1,0 +1,215 @@
+// The stream-lane path of the executor, run on CPU: a test guard
+// implementation gives the CPU device streams and events that log what the
+// executor asks of them. The kernels themselves run on the host (they finish
+// when called), so results must equal eager's; the log must show the device
+// ordering a real stream backend (CUDA) would need.
+#include "capture/lazy_tensor.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/torch.h>
+#include <torch_mgpu/mgpu.h>
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace torch_mgpu;
+
+struct Entry {
+  std::string what;  // "record", "block", "sync", "use"
+  intptr_t event = 0;
+  c10::StreamId stream = 0;
+};
+
+// CPU with streams: a per-thread current stream, events that are counters.
+struct FakeStreams final : c10::impl::DeviceGuardImplInterface {
+  mutable std::mutex m;
+  mutable std::vector<Entry> log;
+  mutable intptr_t next_event = 0;
+  static thread_local c10::StreamId current;
+
+  void add(Entry e) const {
+    std::lock_guard<std::mutex> lock(m);
+    log.push_back(std::move(e));
+  }
+  c10::DeviceType type() const override { return c10::DeviceType::CPU; }
+  c10::Device exchangeDevice(c10::Device) const override { return c10::Device(c10::kCPU); }
+  c10::Device getDevice() const override { return c10::Device(c10::kCPU); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCPU), current);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto old = getStream(s.device());
+    current = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (!*event) *event = reinterpret_cast<void*>(++next_event);
+    }
+    add({"record", reinterpret_cast<intptr_t>(*event), stream.id()});
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    add({"block", reinterpret_cast<intptr_t>(event), stream.id()});
+  }
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream& stream) const override { add({"sync", 0, stream.id()}); }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream& stream) const override {
+    add({"use", 0, stream.id()});
+  }
+};
+thread_local c10::StreamId FakeStreams::current = 0;
+
+// Installs the fake for CPU for one test, then puts the real one back.
+struct WithFakeStreams {
+  FakeStreams* fake = new FakeStreams();  // the registry does not own (and may outlive) it
+  const c10::impl::DeviceGuardImplInterface* saved;
+  WithFakeStreams() {
+    saved = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CPU)].exchange(fake);
+  }
+  ~WithFakeStreams() { c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CPU)].store(saved); }
+};
+
+std::vector<runtime::Place> stream_places(int lanes) {
+  std::vector<runtime::Place> out;
+  for (int l = 0; l < lanes; ++l) {
+    runtime::Place p;
+    p.stream = c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCPU), 100 + l);
+    p.streams = true;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Nodes in topological order dealt round-robin to `lanes` lanes: every edge
+// between neighbours in that order crosses lanes.
+plan::Plan round_robin(const ir::Graph& g, const plan::Topology& t, int lanes) {
+  plan::Plan p = plan::make_serial_plan(g, t, plan::CostModel());
+  std::vector<int> order = p.lane_order[0];
+  p.lane_order.assign(t.lanes.size(), {});
+  for (size_t k = 0; k < order.size(); ++k) {
+    int lane = static_cast<int>(k % lanes);
+    p.lane_of[order[k]] = lane;
+    p.lane_order[lane].push_back(order[k]);
+  }
+  p.lanes_used = lanes;
+  p.threads_per_lane = at::get_num_threads();  // eager's: results equal bitwise
+  plan::compute_reuse(g, p);
+  return p;
+}
+
+struct Captured {
+  std::vector<at::Tensor> outputs;  // mgpu
+  std::vector<at::Tensor> expected;  // eager
+  ir::Graph graph;
+};
+
+Captured branches() {
+  torch::manual_seed(1);
+  Captured c;
+  std::vector<ir::Value> roots;
+  for (int b = 0; b < 4; ++b) {
+    auto x = torch::randn({24, 24});
+    auto xm = x.to(torch_mgpu::device());
+    auto ym = torch::tanh(torch::mm(xm, xm)).mul(0.5).add_(1.0);
+    c.expected.push_back(torch::tanh(torch::mm(x, x)).mul(0.5).add_(1.0));
+    c.outputs.push_back(ym);
+    roots.push_back(capture::buffer_of(ym)->value);
+  }
+  c.graph = ir::build_graph(roots);
+  return c;
+}
+
+at::Tensor result(const runtime::ExecResult& r, const Captured& c, size_t k) {
+  const ir::Value& v = c.graph.roots[k];
+  for (size_t i = 0; i < c.graph.size(); ++i)
+    if (c.graph.nodes[i] == v.node) return runtime::cpu_view(r.values[i][v.index], capture::geometry_of(c.outputs[k]));
+  return at::Tensor();
+}
+
+TEST(StreamLanes, CrossLaneEdgesCarryEvents) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.graph, topo, 3);
+  auto places = stream_places(3);
+  WithFakeStreams fake;
+  runtime::ExecResult r = runtime::execute(c.graph, p, places);
+  ASSERT_FALSE(r.first_error);
+  for (size_t k = 0; k < c.outputs.size(); ++k)
+    EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k])) << (result(r, c, k) - c.expected[k]).abs().max();
+
+  // Every edge across lanes: the producer's event recorded on its stream,
+  // then waited for on the reader's stream.
+  std::map<intptr_t, c10::StreamId> recorded_on;
+  std::set<std::pair<intptr_t, c10::StreamId>> blocks;
+  std::set<c10::StreamId> synced, used;
+  for (const auto& e : fake.fake->log) {
+    if (e.what == "record") recorded_on[e.event] = e.stream;
+    if (e.what == "block") {
+      ASSERT_TRUE(recorded_on.count(e.event)) << "waited for an event before it was recorded";
+      EXPECT_NE(recorded_on[e.event], e.stream);
+      blocks.insert({e.event, e.stream});
+    }
+    if (e.what == "sync") synced.insert(e.stream);
+    if (e.what == "use") used.insert(e.stream);
+  }
+  int cross = 0;
+  for (size_t i = 0; i < c.graph.size(); ++i)
+    for (int d : c.graph.deps[i])
+      if (p.lane_of[d] != p.lane_of[i]) {
+        ++cross;
+        bool found = false;
+        for (const auto& [ev, stream] : blocks)
+          found |= stream == 100 + p.lane_of[i] && recorded_on[ev] == 100 + p.lane_of[d];
+        EXPECT_TRUE(found) << "edge " << d << " -> " << i << " has no event";
+      }
+  EXPECT_GT(cross, 0);
+  EXPECT_EQ(synced, (std::set<c10::StreamId>{100, 101, 102}));  // each lane waits for its stream
+  EXPECT_EQ(used, (std::set<c10::StreamId>{100, 101, 102}));     // operands recorded on their readers' streams
+  EXPECT_EQ(FakeStreams::current, 0);  // the calling thread's stream is restored
+}
+
+TEST(StreamLanes, OneLaneNeedsNoEvents) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = plan::make_serial_plan(c.graph, topo, plan::CostModel());
+  WithFakeStreams fake;
+  runtime::ExecResult r = runtime::execute(c.graph, p, stream_places(2));
+  ASSERT_FALSE(r.first_error);
+  for (size_t k = 0; k < c.outputs.size(); ++k) EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k]));
+  int records = 0, syncs = 0;
+  for (const auto& e : fake.fake->log) {
+    records += e.what == "record" || e.what == "block";
+    syncs += e.what == "sync";
+  }
+  EXPECT_EQ(records, 0);
+  EXPECT_EQ(syncs, 1);
+}
+
+TEST(StreamLanes, VirtualDevicesCopyValuesThatCross) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu", "cpu"}, 1, at::get_num_threads());
+  plan::Plan p = round_robin(c.graph, topo, 2);
+  auto before = torch_mgpu::stats().at("bytes_transferred");
+  runtime::ExecResult r = runtime::execute(c.graph, p, runtime::make_places(topo));
+  ASSERT_FALSE(r.first_error);
+  for (size_t k = 0; k < c.outputs.size(); ++k) EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k]));
+  EXPECT_GT(torch_mgpu::stats().at("bytes_transferred"), before);
+}
+
+} // namespace
