@@ -28,12 +28,16 @@ std::map<std::string, int64_t> stats() {
       {"sync_plan_us", c.sync_plan_us.load()},
       {"sync_execute_us", c.sync_execute_us.load()},
       {"sync_bind_us", c.sync_bind_us.load()},
+      {"background_flushes", c.background_flushes.load()},
+      {"background_wait_us", c.background_wait_us.load()},
       {"pending_ops", ir::pending_op_count()},
   };
 }
 
 int64_t max_pending_ops() { return capture::max_pending_ops(); }
 void set_max_pending_ops(int64_t n) { capture::set_max_pending_ops(n); }
+int64_t async_ops() { return capture::async_ops(); }
+void set_async_ops(int64_t n) { capture::set_async_ops(n); }
 
 c10::Device device(int index) {
   capture::check_device_index(static_cast<c10::DeviceIndex>(index));
@@ -55,7 +59,7 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   out.measured_makespan = rec->measured_makespan;
   out.graph_hash = rec->graph_hash;
   for (size_t i = 0; i < rec->graph.names.size(); ++i) {
-    TimelineEntry e{static_cast<int>(i), rec->graph.names[i], rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
+    TimelineEntry e{static_cast<int>(i), std::string(rec->graph.names[i]), rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
     if (i < rec->timing.size()) {
       e.start = rec->timing[i].start;
       e.end = rec->timing[i].end;

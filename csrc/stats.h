@@ -21,6 +21,10 @@ struct Counters {
   std::atomic<int64_t> sync_plan_us{0};
   std::atomic<int64_t> sync_execute_us{0};
   std::atomic<int64_t> sync_bind_us{0};
+  // Background execution: flights launched, and microseconds a recording or
+  // syncing thread waited for one to finish.
+  std::atomic<int64_t> background_flushes{0};
+  std::atomic<int64_t> background_wait_us{0};
 };
 
 Counters& counters();

@@ -6,6 +6,8 @@ at a sync point the recorded graph is planned over lanes and executed.
     y = (x @ x).relu()          # recorded
     print(y.cpu())              # runs
 """
+import atexit
+
 import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
@@ -82,6 +84,32 @@ def set_max_pending_ops(n: int) -> None:
     _C.set_max_pending_ops(int(n))
 
 
+def async_ops() -> int:
+    return _C.async_ops()
+
+
+def set_async_ops(n: int) -> None:
+    """Background execution: once `n` ops are pending (default 256,
+    TORCH_MGPU_ASYNC_OPS), they start running on a background worker while
+    Python goes on recording, so a long capture overlaps its own execution.
+    0 turns it off. An error raised in the background surfaces at the next
+    sync point. `simulate()` plans what is still pending: to simulate a
+    capture longer than `n` ops, turn background execution off first."""
+    _C.set_async_ops(int(n))
+
+
+def _drain_at_exit() -> None:
+    # Work still running in the background finishes before the interpreter
+    # goes away; errors at exit are not reported.
+    try:
+        _C.synchronize()
+    except Exception:
+        pass
+
+
+atexit.register(_drain_at_exit)
+
+
 __all__ = [
     "synchronize",
     "configure",
@@ -95,4 +123,6 @@ __all__ = [
     "Plan",
     "max_pending_ops",
     "set_max_pending_ops",
+    "async_ops",
+    "set_async_ops",
 ]

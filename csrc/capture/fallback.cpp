@@ -287,17 +287,37 @@ struct NodeBuilder {
   }
 };
 
-// "aten::add.Tensor": built once per operator (the capture hot path).
-const std::string& op_name(const c10::FunctionSchema& schema) {
-  static auto* names = new std::unordered_map<const c10::FunctionSchema*, std::string>();
-  auto it = names->find(&schema);
-  if (it != names->end()) return it->second;
+// What the capture hot path asks of an operator, worked out once per
+// operator: its name ("aten::add.Tensor"), and the questions above.
+struct OpInfo {
+  std::string_view name;
+  bool eager = false;          // needs_eager
+  bool random = false;         // takes a Generator
+  bool empty_factory = false;
+  bool host_indices = false;   // indexing: indices come from the host
+};
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
+  const auto& schema = op.schema();
+  auto it = infos->find(&schema);
+  if (it != infos->end()) return it->second;
+  static const std::unordered_set<std::string> host_indices = {
+      "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
+      "aten::_unsafe_index_put"};
   std::string n = schema.operator_name().name;
   if (!schema.overload_name().empty()) n += "." + schema.overload_name();
-  return names->emplace(&schema, std::move(n)).first->second;
+  OpInfo info;
+  info.name = ir::intern(n);
+  info.eager = needs_eager(op);
+  info.random = has_generator_arg(schema);
+  info.empty_factory = is_empty_factory(op);
+  info.host_indices = host_indices.count(schema.name()) > 0;
+  return infos->emplace(&schema, info).first->second;
 }
 
-void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+// Records the call; returns whether the node may run on the background
+// worker (see recorded()).
+bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
@@ -305,9 +325,9 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   // The signature (and the storages read and written) without Meta twins.
   Call call;
   call.cpu_as_meta = cpu_as_meta;
+  call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, then its arguments
   meta_arguments(schema, args, call);
-  const void* op_key = &schema;
-  const MetaResult* cached = call.key.cacheable ? meta_cache_find(op_key, call.key.bytes) : nullptr;
+  const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
   MetaResult fresh;
   if (cached) {
     counters().meta_cache_hits++;
@@ -320,15 +340,18 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     auto margs = meta_arguments(schema, args, full);
     fresh = infer(op, std::move(margs), full);
     probe_dtypes(op, args);
-    if (call.key.cacheable) meta_cache_put(op_key, call.key.bytes, fresh);
+    if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
   const MetaResult& mr = *cached;
 
   // Values read by the node: the current version of each storage.
   auto node = std::make_shared<ir::Node>();
-  node->name = op_name(schema);
+  const OpInfo& info = op_info(op);
+  node->name = info.name;
   node->op = op;
+  node->operands.reserve(call.storages.size());
+  node->args.reserve(nargs);
   for (const auto& s : call.storages) {
     const auto& v = buffer_of(s)->value;
     if (v.node && v.node->kind == ir::NodeKind::Error)
@@ -336,7 +359,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     node->operands.push_back(v);
   }
   NodeBuilder nb{call, *node, {}};
-  bool random = has_generator_arg(schema);
+  bool random = info.random;
   for (size_t i = 0; i < nargs; ++i) {
     const auto& v = args[i];
     Arg a;
@@ -372,7 +395,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
 
   // Outputs: fresh returned tensors, then the next versions of written storages.
-  bool empty_factory = is_empty_factory(op);
+  bool empty_factory = info.empty_factory;
   std::vector<at::Tensor> results;
   std::vector<int> written;  // distinct storage indices written
   for (const auto& m : call.mutated_slots) {
@@ -421,6 +444,9 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
   if (!node->outputs.empty()) counters().ops_captured++;
+  // Ops outside aten may have Python kernels (custom ops), which need the
+  // GIL; seeded ops borrow the global generator while they run.
+  const bool background_safe = !node->seed && node->name.rfind("aten::", 0) == 0;
 
   torch::jit::drop(*stack, nargs);
   size_t next = 0;
@@ -435,16 +461,14 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       stack->emplace_back();
     }
   }
+  return background_safe;
 }
 
 } // namespace
 
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   // As on CUDA, indexing takes its indices from the host.
-  static const std::unordered_set<std::string> host_indices = {
-      "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
-      "aten::_unsafe_index_put"};
-  if (host_indices.count(op.schema().name())) return;
+  if (op_info(op).host_indices) return;
   bool any_mgpu = false;
   std::optional<c10::Device> other;
   auto see = [&](const at::Tensor& t) {
@@ -463,13 +487,14 @@ void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   std::lock_guard<std::recursive_mutex> lock(state_mutex());
-  if (needs_eager(op)) {
+  if (op_info(op).eager) {
     eager_fallback(op, stack);
     return;
   }
   if (!cpu_as_meta) check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  bool background_safe = false;
   try {
-    record(op, stack, cpu_as_meta);
+    background_safe = record(op, stack, cpu_as_meta);
   } catch (const std::exception&) {
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error.
@@ -477,6 +502,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     return;
   }
   if (ir::pending_op_count() > max_pending_ops()) sync_all();
+  else recorded(background_safe);
 }
 
 namespace {

@@ -14,12 +14,6 @@ Cache& cache() {
   return *c;
 }
 constexpr size_t kMaxEntries = 1 << 16;
-
-std::string full_key(const void* op, const std::string& key) {
-  std::string k(reinterpret_cast<const char*>(&op), sizeof op);
-  k += key;
-  return k;
-}
 } // namespace
 
 void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
@@ -85,16 +79,16 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
   }
 }
 
-const MetaResult* meta_cache_find(const void* op, const std::string& key) {
+const MetaResult* meta_cache_find(const std::string& key) {
   auto& c = cache();
-  auto it = c.map.find(full_key(op, key));
+  auto it = c.map.find(key);
   return it == c.map.end() ? nullptr : &it->second;
 }
 
-void meta_cache_put(const void* op, std::string key, MetaResult result) {
+void meta_cache_put(std::string key, MetaResult result) {
   auto& c = cache();
   if (c.map.size() >= kMaxEntries) c.map.clear();  // bounded: a shape-churning loop must not grow memory
-  c.map.emplace(full_key(op, key), std::move(result));
+  c.map.emplace(std::move(key), std::move(result));
 }
 
 

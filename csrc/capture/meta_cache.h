@@ -33,6 +33,7 @@ struct MetaResult {
 
 // Key builder: append the parts of a call's signature.
 struct SignatureKey {
+  SignatureKey() { bytes.reserve(256); }  // one allocation for a typical call
   std::string bytes;
   bool cacheable = true;
   void add(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
@@ -40,7 +41,8 @@ struct SignatureKey {
   void add_ivalue(const c10::IValue& v);
 };
 
-const MetaResult* meta_cache_find(const void* op, const std::string& key);
-void meta_cache_put(const void* op, std::string key, MetaResult result);
+// `key` starts with the operator (its schema's address), then its arguments.
+const MetaResult* meta_cache_find(const std::string& key);
+void meta_cache_put(std::string key, MetaResult result);
 
 } // namespace torch_mgpu::capture

@@ -6,7 +6,11 @@
 #include "runtime/calibrate.h"
 #include "stats.h"
 
+#include <ATen/record_function.h>
+
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <thread>
 
 #include <algorithm>
@@ -156,8 +160,14 @@ Config& config() {
   return *c;
 }
 
+std::mutex& plans_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto& c = config();
+  std::lock_guard<std::mutex> lock(plans_mutex());
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
     counters().plan_cache_hits++;
@@ -203,6 +213,7 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   capture::sync_all();  // pending work runs where it was planned to
   c.set(devs, lanes);
   if (!policy.empty()) c.policy = policy;
+  std::lock_guard<std::mutex> plans_lock(plans_mutex());
   c.plans.clear();
 }
 
@@ -258,38 +269,240 @@ void set_max_pending_ops(int64_t n) {
   max_pending_slot() = n;
 }
 
-void sync_all() {
+namespace {
+
+using clock = std::chrono::steady_clock;
+int64_t micros(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+}
+
+// One execution of a graph: built, planned and run either by the sync
+// itself (a foreground sync) or by the background worker (a flight).
+struct Execution {
+  std::vector<ir::Value> roots;  // the live pending values when it started
+  ir::Graph g;
+  std::shared_ptr<const plan::Plan> plan;
+  runtime::ExecResult result;
+  std::shared_ptr<const engine::PlanRecord> record;  // for last_plan()
+  bool ran = false;  // graph built, planned and executed
+
+  void run() {
+    using namespace engine;
+    auto t0 = clock::now();
+    g = ir::build_graph(roots);
+    auto t1 = clock::now();
+    plan = plan_for(g);
+    counters().syncs++;
+    auto t2 = clock::now();
+    result = runtime::execute(g, *plan, config().places);
+    record = engine::describe(g, *plan, &result);
+    auto t3 = clock::now();
+    counters().sync_graph_us += micros(t0, t1);
+    counters().sync_plan_us += micros(t1, t2);
+    counters().sync_execute_us += micros(t2, t3);
+    ran = true;
+  }
+};
+
+// Binds an execution's results: each root value becomes the Data (or Error)
+// leaf it resolved to, in the live storages that hold it and in the nodes
+// recorded since it started (a flight runs while capture goes on, and new
+// nodes may read its roots). Under state_mutex(), with nothing running.
+void bind(Execution& e) {
   using namespace engine;
-  using clock = std::chrono::steady_clock;
-  auto us = [](clock::time_point a, clock::time_point b) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
-  };
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
   auto t0 = clock::now();
-  auto buffers = collect();
-  if (buffers.empty()) return;
-  std::vector<ir::Value> roots;
-  roots.reserve(buffers.size());
-  for (auto* b : buffers) roots.push_back(b->value);
-  ir::Graph g = ir::build_graph(roots);
-  auto t1 = clock::now();
-  std::shared_ptr<const plan::Plan> shared_plan = plan_for(g);
-  const plan::Plan& p = *shared_plan;
-  counters().syncs++;
-  auto t2 = clock::now();
-  runtime::ExecResult r = runtime::execute(g, p, config().places);
-  auto t3 = clock::now();
-  std::unordered_map<const ir::Node*, int> index;
-  for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
-  for (size_t k = 0; k < buffers.size(); ++k) buffers[k]->value = resolve(roots[k], g, index, r, p);
-  last_plan_slot() = describe(g, p, &r);
+  const ir::Graph& g = e.g;
+  const auto& index = g.index;
+  // (node, output) -> leaf, for every root
+  std::map<std::pair<const ir::Node*, int>, ir::Value> leaf;
+  for (const auto& r : g.roots)
+    if (index.count(r.node.get()) && !leaf.count({r.node.get(), r.index}))
+      leaf.emplace(std::make_pair(r.node.get(), r.index), resolve(r, g, index, e.result, *e.plan));
+  auto leaf_of = [&](const ir::Value& v) -> ir::Value {
+    auto it = leaf.find({v.node.get(), v.index});
+    if (it != leaf.end()) return it->second;
+    // Only roots can be read from outside the graph; anything else is a bug,
+    // reported on read rather than by crashing.
+    return ir::Value{ir::make_error("mgpu: a value computed in the background was not kept", v.node->outputs[v.index].nbytes), 0};
+  };
+  std::vector<ir::Node*> newer;  // pending nodes outside the graph
+  std::unordered_map<const ir::Node*, bool> seen;
+  for (auto* b : capture::pending_buffers()) {
+    if (index.count(b->value.node.get())) {
+      b->value = leaf_of(b->value);
+    } else if (!seen.count(b->value.node.get())) {
+      seen[b->value.node.get()] = true;
+      newer.push_back(b->value.node.get());
+    }
+  }
+  // Nodes recorded since the execution started read its roots: point them
+  // at the leaves. Walks only nodes outside the graph.
+  while (!newer.empty()) {
+    ir::Node* n = newer.back();
+    newer.pop_back();
+    for (auto& v : n->operands) {
+      if (!v.node) continue;
+      if (index.count(v.node.get())) {
+        v = leaf_of(v);
+      } else if (v.node->is_pending() && !seen.count(v.node.get())) {
+        seen[v.node.get()] = true;
+        newer.push_back(v.node.get());
+      }
+    }
+  }
+  last_plan_slot() = e.record;
   for (auto& n : g.nodes) ir::mark_executed(*n);
-  auto t4 = clock::now();
-  counters().sync_graph_us += us(t0, t1);
-  counters().sync_plan_us += us(t1, t2);
-  counters().sync_execute_us += us(t2, t3);
-  counters().sync_bind_us += us(t3, t4);
-  if (r.first_error) std::rethrow_exception(r.first_error);
+  counters().sync_bind_us += micros(t0, clock::now());
+}
+
+// The background worker: runs one flight at a time. A waiting capture
+// thread holds state_mutex(); the worker never takes it, and binding is done
+// by whoever waits (see finish_flight).
+class Worker {
+ public:
+  static Worker& instance() {
+    static auto* w = new Worker();  // leaked: it may be needed during exit
+    return *w;
+  }
+  void launch(std::shared_ptr<Execution> e) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = std::move(e);
+      done_ = false;
+      ticket_.fetch_add(1);
+    }
+    cv_.notify_one();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+ private:
+  Worker() {
+    const char* spin = std::getenv("TORCH_MGPU_SPIN_US");
+    spin_ns_ = (spin ? std::atoll(spin) : 300) * 1000;
+    thread_ = std::thread([this] { loop(); });
+    thread_.detach();
+    // C++ programs that exit with a flight running wait for it first.
+    std::atexit([] { Worker::instance().wait(); });
+  }
+  void loop() {
+    uint64_t seen = 0;
+    while (true) {
+      // Spin briefly before sleeping: flights come in quick succession.
+      auto until = clock::now() + std::chrono::nanoseconds(spin_ns_);
+      while (ticket_.load() == seen && clock::now() < until) std::this_thread::yield();
+      std::shared_ptr<Execution> e;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return ticket_.load() != seen; });
+        seen = ticket_.load();
+        e = job_;
+      }
+      try {
+        e->run();
+      } catch (...) {
+        e->ran = false;  // planning failed: the nodes stay pending for the next sync
+      }
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        done_ = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::shared_ptr<Execution> job_;
+  std::atomic<uint64_t> ticket_{0};
+  bool done_ = true;
+  int64_t spin_ns_ = 300000;
+  std::thread thread_;
+};
+
+// Background execution state. Guarded by state_mutex().
+struct Background {
+  std::shared_ptr<Execution> flight;   // running or finished, not yet bound
+  std::exception_ptr error;            // first error of a bound flight, for the next sync
+  int64_t since_flush = 0;             // ops recorded since the last flush
+  bool blocked = false;                // a pending node must not run in the background
+  int64_t threshold = [] {
+    const char* e = std::getenv("TORCH_MGPU_ASYNC_OPS");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
+  }();
+};
+Background& background() {
+  static auto* b = new Background();
+  return *b;
+}
+
+// Waits for the flight, if any, and binds its results.
+void finish_flight() {
+  auto& bg = background();
+  if (!bg.flight) return;
+  auto t0 = clock::now();
+  Worker::instance().wait();
+  counters().background_wait_us += micros(t0, clock::now());
+  auto e = std::move(bg.flight);
+  bg.flight.reset();
+  if (!e->ran) return;
+  bind(*e);
+  if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
+}
+
+std::vector<ir::Value> pending_roots() {
+  std::vector<ir::Value> roots;
+  for (auto* b : engine::collect()) roots.push_back(b->value);
+  return roots;
+}
+
+} // namespace
+
+int64_t async_ops() {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  return background().threshold;
+}
+
+void set_async_ops(int64_t n) {
+  TORCH_CHECK(n >= 0, "async_ops must be >= 0 (0 turns background execution off), got ", n);
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  background().threshold = n;
+}
+
+void recorded(bool background_safe) {
+  auto& bg = background();
+  if (!background_safe) bg.blocked = true;
+  if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold) return;
+  // Not under a profiler (its records belong to the lanes of a sync), and
+  // not while a pending op draws from a global generator or may run Python
+  // (the waiting thread holds the GIL).
+  if (bg.blocked || at::hasCallbacks()) return;
+  bg.since_flush = 0;
+  finish_flight();
+  auto e = std::make_shared<Execution>();
+  e->roots = pending_roots();
+  if (e->roots.empty()) return;
+  bg.flight = e;
+  counters().background_flushes++;
+  Worker::instance().launch(std::move(e));
+}
+
+void sync_all() {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  auto& bg = background();
+  finish_flight();
+  bg.since_flush = 0;
+  bg.blocked = false;  // everything pending runs now
+  Execution e;
+  e.roots = pending_roots();
+  if (!e.roots.empty()) {
+    e.run();
+    bind(e);
+  }
+  std::exception_ptr error = bg.error ? bg.error : e.result.first_error;
+  bg.error = nullptr;
+  if (error) std::rethrow_exception(error);
 }
 
 c10::Storage materialize(const c10::Storage& mgpu_storage) {

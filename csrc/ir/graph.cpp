@@ -9,27 +9,23 @@ namespace torch_mgpu::ir {
 Graph build_graph(const std::vector<Value>& roots) {
   Graph g;
   g.roots = roots;
-  std::unordered_map<const Node*, int> index;
+  auto& index = g.index;  // -1 while a node is on the stack
+  index.reserve(256);
   // Iterative DFS: graphs of 100k nodes in a chain must not overflow the stack.
   struct Frame {
     NodePtr node;
     size_t next;
   };
   std::vector<Frame> stack;
-  std::unordered_map<const Node*, bool> visiting;
   for (const auto& r : roots) {
     if (!r.node || !r.node->is_pending() || index.count(r.node.get())) continue;
     stack.push_back({r.node, 0});
-    visiting[r.node.get()] = true;
+    index[r.node.get()] = -1;
     while (!stack.empty()) {
       Frame& f = stack.back();
       if (f.next < f.node->operands.size()) {
         const NodePtr& child = f.node->operands[f.next++].node;
-        if (child && child->is_pending() && !index.count(child.get()) &&
-            !visiting.count(child.get())) {
-          visiting[child.get()] = true;
-          stack.push_back({child, 0});
-        }
+        if (child && child->is_pending() && index.emplace(child.get(), -1).second) stack.push_back({child, 0});
         continue;
       }
       index[f.node.get()] = static_cast<int>(g.nodes.size());

@@ -5,6 +5,7 @@
 #include "ir/node.h"
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch_mgpu::ir {
@@ -20,8 +21,15 @@ struct Graph {
   std::vector<Value> roots;
   // Structural hash of the whole graph: node hashes plus edges plus roots.
   uint64_t hash = 0;
+  // Node -> its position in `nodes`.
+  std::unordered_map<const Node*, int> index;
 
   size_t size() const { return nodes.size(); }
+  // Position of `n` in `nodes`, -1 when it is not in the graph (a leaf).
+  int find(const Node* n) const {
+    auto it = index.find(n);
+    return it == index.end() ? -1 : it->second;
+  }
 };
 
 // Post-order walk from the roots through pending nodes; Data nodes are leaves.
@@ -30,7 +38,7 @@ Graph build_graph(const std::vector<Value>& roots);
 // What printing needs of a graph, cheap to keep after the graph is gone:
 // names, edges, and how many operands come from outside (materialized data).
 struct GraphSummary {
-  std::vector<std::string> names;
+  std::vector<std::string_view> names;  // interned node names
   std::vector<std::vector<int>> deps;
   std::vector<int> external;
   std::vector<int> writes;  // outputs that are new versions of an operand

@@ -1,5 +1,8 @@
 #include "ir/node.h"
 
+#include <mutex>
+#include <unordered_set>
+
 #include <cstring>
 #include <functional>
 
@@ -101,6 +104,13 @@ void mark_executed(Node& node) {
 }
 
 int64_t pending_op_count() { return g_pending.load(); }
+
+std::string_view intern(std::string_view s) {
+  static std::mutex m;
+  static auto* strings = new std::unordered_set<std::string>();  // leaked: views outlive statics
+  std::lock_guard<std::mutex> lock(m);
+  return *strings->emplace(s).first;
+}
 
 uint64_t Node::hash() const {
   if (hash_) return *hash_;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torch_mgpu::ir {
@@ -79,7 +80,7 @@ struct Output {
 
 struct Node {
   NodeKind kind = NodeKind::Op;
-  std::string name;  // "aten::add.Tensor", "data", "error"
+  std::string_view name;  // "aten::add.Tensor", "data", "error": interned (see intern)
   std::optional<c10::OperatorHandle> op;
   std::vector<Arg> args;
   // A node holds real references to its operands (the versions it reads).
@@ -113,6 +114,10 @@ struct Node {
  private:
   mutable std::optional<uint64_t> hash_;
 };
+
+// A string that lives as long as the process, equal to `s`: node names are
+// views of these, so recording a node copies no string.
+std::string_view intern(std::string_view s);
 
 // A Data node over bytes that already exist.
 NodePtr make_data(c10::Storage storage);

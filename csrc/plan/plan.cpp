@@ -9,14 +9,6 @@
 
 namespace torch_mgpu::plan {
 
-namespace {
-std::unordered_map<const ir::Node*, int> index_of(const ir::Graph& g) {
-  std::unordered_map<const ir::Node*, int> index;
-  for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
-  return index;
-}
-} // namespace
-
 Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm) {
   Estimate e;
   const size_t n = g.size();
@@ -38,7 +30,7 @@ Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm) {
 void compute_reuse(const ir::Graph& g, Plan& p) {
   // Readers per value: graph outputs by (index, output); materialized
   // operands by node pointer (they have one output).
-  auto index = index_of(g);
+  const auto& index = g.index;
   std::vector<std::vector<int>> graph_readers(g.size());
   for (size_t i = 0; i < g.size(); ++i) graph_readers[i].assign(g.nodes[i]->outputs.size(), 0);
   std::unordered_map<const ir::Node*, int> leaf_readers;

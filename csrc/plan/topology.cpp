@@ -77,7 +77,7 @@ Work estimate_work(const ir::Node& n) {
     for (const auto& t : a.tensors)
       if (t) w.bytes += numel(t->geom) * c10::elementSize(t->geom.dtype);
   for (const auto& o : n.outputs) w.bytes += static_cast<double>(o.nbytes);
-  const std::string& name = n.name;
+  const std::string_view name = n.name;
   auto mm_flops = [](const ir::TensorGeometry* a, const ir::TensorGeometry* b) {
     if (!a || !b || a->sizes.size() < 2 || b->sizes.size() < 2) return 0.0;
     double batch = 1;

@@ -47,6 +47,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("stats", &torch_mgpu::stats);
   m.def("max_pending_ops", &torch_mgpu::max_pending_ops);
   m.def("set_max_pending_ops", &torch_mgpu::set_max_pending_ops);
+  m.def("async_ops", &torch_mgpu::async_ops);
+  m.def("set_async_ops", &torch_mgpu::set_async_ops);
   m.def("device_count", [] { return 1; });
   m.def("default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(

@@ -69,8 +69,18 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     if (o.mutated_operand >= 0 && !reuse[o.mutated_operand])
       operands[o.mutated_operand] = copy_to(operands[o.mutated_operand], operands[o.mutated_operand].device());
 
-  torch::jit::Stack stack;
-  stack.reserve(n.args.size());
+  // Scratch kept per thread (no allocation per node); emptied on the way
+  // out so that no tensor outlives the call.
+  thread_local torch::jit::Stack stack;
+  thread_local std::vector<at::Tensor> returned;
+  struct Clear {
+    ~Clear() {
+      stack.clear();
+      returned.clear();
+    }
+  } clear_on_exit;
+  stack.clear();
+  returned.clear();
   for (const auto& a : n.args) {
     switch (a.kind) {
       case ir::Arg::Kind::Constant:
@@ -95,7 +105,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     }
   }
   {
-    RECORD_FUNCTION("mgpu::" + n.name, std::vector<c10::IValue>());
+    RECORD_FUNCTION("mgpu::" + std::string(n.name), std::vector<c10::IValue>());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
@@ -124,7 +134,6 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     }
   }
   // Flatten the returned tensors.
-  std::vector<at::Tensor> returned;
   for (const auto& v : stack) {
     if (v.isTensor()) returned.push_back(v.toTensor());
     else if (v.isTensorList())
@@ -180,7 +189,8 @@ struct Run {
   const plan::Plan& p;
   const std::vector<Place>& places;
   ExecResult& res;
-  std::unordered_map<const ir::Node*, int> index;
+  const std::unordered_map<const ir::Node*, int>& index;
+  std::vector<std::vector<int>> producer;  // per node and operand: the node making it, -1 outside the graph
   std::vector<std::vector<int>> readers;
   std::vector<std::vector<bool>> is_root;
   std::map<std::tuple<int, int, int>, c10::Storage> copies;  // (node, output, device)
@@ -192,15 +202,16 @@ struct Run {
   bool parallel = false;
 
   Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place>& pl, ExecResult& r)
-      : g(graph), p(plan), places(pl), res(r) {
+      : g(graph), p(plan), places(pl), res(r), index(graph.index) {
     TORCH_INTERNAL_ASSERT(places.size() >= p.lanes.size(), "mgpu: a place is needed for every lane");
-    for (size_t i = 0; i < g.size(); ++i) index[g.nodes[i].get()] = static_cast<int>(i);
     readers.resize(g.size());
+    producer.resize(g.size());
     events.resize(g.size());
     for (size_t i = 0; i < g.size(); ++i) readers[i].assign(g.nodes[i]->outputs.size(), 0);
     for (size_t i = 0; i < g.size(); ++i)
       for (const auto& v : g.nodes[i]->operands) {
         auto it = index.find(v.node.get());
+        producer[i].push_back(it == index.end() ? -1 : it->second);
         if (it == index.end()) continue;
         int d = it->second;
         readers[d][v.index]++;
@@ -244,11 +255,9 @@ struct Run {
 
   // The bytes of operand value v for a node on `lane`; a value made on
   // another device is copied over (a transfer), once per device.
-  c10::Storage operand(const ir::Value& v, int lane, std::unique_lock<std::mutex>& lock) {
+  c10::Storage operand(const ir::Value& v, int d, int lane, std::unique_lock<std::mutex>& lock) {
     const Place& place = places[lane];
-    auto it = index.find(v.node.get());
-    if (it == index.end()) return leaf(*v.node, place, lock);
-    int d = it->second;
+    if (d < 0) return leaf(*v.node, place, lock);
     const int src_lane = p.lane_of[d];
     const int device = p.lanes[lane].device;
     c10::Storage src = res.values[d][v.index];
@@ -283,14 +292,14 @@ struct Run {
     }
     std::vector<c10::Storage> operands;
     operands.reserve(node.operands.size());
-    for (const auto& v : node.operands) {
-      auto it = index.find(v.node.get());
-      bool missing = it != index.end() ? res.status[it->second] != Status::Ok
-                                       : v.node->kind == ir::NodeKind::Error;
+    for (size_t k = 0; k < node.operands.size(); ++k) {
+      const ir::Value& v = node.operands[k];
+      const int d = producer[i][k];
+      bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
       if (missing) {
         std::exception_ptr e;
         std::string msg;
-        if (it == index.end()) {
+        if (d < 0) {
           msg = v.node->error;
           try {
             TORCH_CHECK(false, msg);
@@ -302,7 +311,7 @@ struct Run {
         cv.notify_all();
         return;
       }
-      operands.push_back(operand(v, lane, lock));
+      operands.push_back(operand(v, d, lane, lock));
     }
     lock.unlock();
     if (place.streams) {
@@ -333,10 +342,10 @@ struct Run {
       res.values[i] = std::move(out);
       res.status[i] = Status::Ok;
       // Free each graph value this node was the last to read.
-      for (const auto& v : node.operands) {
-        auto it = index.find(v.node.get());
-        if (it == index.end()) continue;
-        int d = it->second;
+      for (size_t k = 0; k < node.operands.size(); ++k) {
+        const ir::Value& v = node.operands[k];
+        const int d = producer[i][k];
+        if (d < 0) continue;
         if (--readers[d][v.index] == 0 && !is_root[d][v.index]) {
           res.values[d][v.index] = c10::Storage();
           for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));

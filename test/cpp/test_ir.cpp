@@ -19,7 +19,7 @@ TensorGeometry geom(std::vector<int64_t> sizes) {
 NodePtr op(const std::string& name, std::vector<Value> inputs, std::vector<int64_t> shape = {4, 4},
            c10::IValue constant = c10::IValue(1.0)) {
   auto n = std::make_shared<Node>();
-  n->name = name;
+  n->name = intern(name);
   for (size_t k = 0; k < inputs.size(); ++k) {
     Arg a;
     a.kind = Arg::Kind::Tensor;

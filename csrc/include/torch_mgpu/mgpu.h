@@ -22,6 +22,11 @@ std::map<std::string, int64_t> stats();
 // A pending graph larger than this runs at once (TORCH_MGPU_MAX_PENDING).
 int64_t max_pending_ops();
 void set_max_pending_ops(int64_t n);
+// Background execution: once n ops are pending they start running on a
+// background worker while capture goes on (default 256, TORCH_MGPU_ASYNC_OPS;
+// 0 turns it off). Errors surface at the next sync point.
+int64_t async_ops();
+void set_async_ops(int64_t n);
 // The mgpu device (index 0: one virtual device spans all lanes).
 c10::Device device(int index = 0);
 
