@@ -21,6 +21,16 @@ def fork_join(widths, size, seed=0):
 
 
 def report(quick):
+    # Graphs are recorded whole, then simulated: no background execution.
+    saved_async = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        return _report(quick)
+    finally:
+        torch_mgpu.set_async_ops(saved_async)
+
+
+def _report(quick):
     rows = []
     size = 128 if quick else 256
     for devices in (2, 4, 8):

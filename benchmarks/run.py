@@ -103,7 +103,10 @@ def run_case(case, quick):
         def capture():
             out = case.fn(*mg_in)
             return out
-        # Time the recording only; the sync runs outside the timed region.
+        # Time the recording only; the sync runs outside the timed region
+        # (and no flight runs during it: background execution is off).
+        saved_async = torch_mgpu.async_ops()
+        torch_mgpu.set_async_ops(0)
         times = []
         for i in range(case.reps + 2):
             t = time.perf_counter()
@@ -113,9 +116,14 @@ def run_case(case, quick):
             del out
             if i >= 2:
                 times.append(dt)
+        torch_mgpu.set_async_ops(saved_async)
         res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
     else:
         res["mgpu"] = measure(lambda: mgpu_sync(case.fn(*mg_in)), case.reps)
+        # The simulator plans what is pending: capture the whole workload
+        # without background execution.
+        saved_async = torch_mgpu.async_ops()
+        torch_mgpu.set_async_ops(0)
         before = torch_mgpu.stats()
         out = case.fn(*mg_in)
         after = torch_mgpu.stats()
@@ -124,6 +132,7 @@ def run_case(case, quick):
         sim = torch_mgpu.simulate(devices=len(set(l.split("/")[0] for l in torch_mgpu.lanes())),
                                   lanes_per_device=max(1, len(torch_mgpu.lanes())))
         torch_mgpu.synchronize()
+        torch_mgpu.set_async_ops(saved_async)
         del out
         if fallbacks == 0:
             res["simulated"] = {"median": sim.makespan, "min": sim.makespan, "max": sim.makespan,

@@ -5,26 +5,28 @@
 
 namespace torch_mgpu {
 
+// Each counter on its own cache line: the recording thread and the lanes
+// bump different counters at once.
 struct Counters {
-  std::atomic<int64_t> ops_captured{0};
-  std::atomic<int64_t> ops_executed{0};
-  std::atomic<int64_t> plans_built{0};
-  std::atomic<int64_t> plan_cache_hits{0};
-  std::atomic<int64_t> eager_fallbacks{0};
-  std::atomic<int64_t> bytes_transferred{0};
-  std::atomic<int64_t> syncs{0};
-  std::atomic<int64_t> meta_cache_hits{0};
-  std::atomic<int64_t> meta_cache_misses{0};
-  std::atomic<int64_t> execution_errors{0};
+  alignas(64) std::atomic<int64_t> ops_captured{0};
+  alignas(64) std::atomic<int64_t> ops_executed{0};
+  alignas(64) std::atomic<int64_t> plans_built{0};
+  alignas(64) std::atomic<int64_t> plan_cache_hits{0};
+  alignas(64) std::atomic<int64_t> eager_fallbacks{0};
+  alignas(64) std::atomic<int64_t> bytes_transferred{0};
+  alignas(64) std::atomic<int64_t> syncs{0};
+  alignas(64) std::atomic<int64_t> meta_cache_hits{0};
+  alignas(64) std::atomic<int64_t> meta_cache_misses{0};
+  alignas(64) std::atomic<int64_t> execution_errors{0};
   // Cumulative microseconds per sync phase.
-  std::atomic<int64_t> sync_graph_us{0};
-  std::atomic<int64_t> sync_plan_us{0};
-  std::atomic<int64_t> sync_execute_us{0};
-  std::atomic<int64_t> sync_bind_us{0};
+  alignas(64) std::atomic<int64_t> sync_graph_us{0};
+  alignas(64) std::atomic<int64_t> sync_plan_us{0};
+  alignas(64) std::atomic<int64_t> sync_execute_us{0};
+  alignas(64) std::atomic<int64_t> sync_bind_us{0};
   // Background execution: flights launched, and microseconds a recording or
   // syncing thread waited for one to finish.
-  std::atomic<int64_t> background_flushes{0};
-  std::atomic<int64_t> background_wait_us{0};
+  alignas(64) std::atomic<int64_t> background_flushes{0};
+  alignas(64) std::atomic<int64_t> background_wait_us{0};
 };
 
 Counters& counters();

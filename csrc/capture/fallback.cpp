@@ -444,6 +444,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
   if (!node->outputs.empty()) counters().ops_captured++;
+  node->hash();  // memoized now, on the recording thread, not at the sync
   // Ops outside aten may have Python kernels (custom ops), which need the
   // GIL; seeded ops borrow the global generator while they run.
   const bool background_safe = !node->seed && node->name.rfind("aten::", 0) == 0;

@@ -4,6 +4,7 @@
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "runtime/calibrate.h"
+#include "runtime/lanes.h"
 #include "stats.h"
 
 #include <ATen/record_function.h>
@@ -369,11 +370,19 @@ class Worker {
       std::lock_guard<std::mutex> lock(m_);
       job_ = std::move(e);
       done_ = false;
+      finished_.store(false);
       ticket_.fetch_add(1);
     }
     cv_.notify_one();
   }
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
   void wait() {
+    // A flight is short: spin for it before sleeping (waking a sleeping
+    // thread costs tens to hundreds of microseconds on a virtual machine).
+    auto until = clock::now() + std::chrono::nanoseconds(spin_ns_ * 4);
+    uint32_t step = 0;
+    while (!finished_.load(std::memory_order_acquire) && ((step & 63u) != 0 || clock::now() < until))
+      runtime::spin_pause(step);
     std::unique_lock<std::mutex> lock(m_);
     done_cv_.wait(lock, [&] { return done_; });
   }
@@ -392,7 +401,8 @@ class Worker {
     while (true) {
       // Spin briefly before sleeping: flights come in quick succession.
       auto until = clock::now() + std::chrono::nanoseconds(spin_ns_);
-      while (ticket_.load() == seen && clock::now() < until) std::this_thread::yield();
+      uint32_t step = 0;
+      while (ticket_.load() == seen && ((step & 63u) != 0 || clock::now() < until)) runtime::spin_pause(step);
       std::shared_ptr<Execution> e;
       {
         std::unique_lock<std::mutex> lock(m_);
@@ -405,9 +415,11 @@ class Worker {
       } catch (...) {
         e->ran = false;  // planning failed: the nodes stay pending for the next sync
       }
+      e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
       {
         std::lock_guard<std::mutex> lock(m_);
         done_ = true;
+        finished_.store(true, std::memory_order_release);
       }
       done_cv_.notify_all();
     }
@@ -417,6 +429,7 @@ class Worker {
   std::shared_ptr<Execution> job_;
   std::atomic<uint64_t> ticket_{0};
   bool done_ = true;
+  std::atomic<bool> finished_{true};  // done_, readable without the lock
   int64_t spin_ns_ = 300000;
   std::thread thread_;
 };
@@ -478,6 +491,9 @@ void recorded(bool background_safe) {
   // not while a pending op draws from a global generator or may run Python
   // (the waiting thread holds the GIL).
   if (bg.blocked || at::hasCallbacks()) return;
+  // Flights start every `threshold` ops whatever the timing (a busy worker
+  // makes capture wait), so the same program cuts the same graphs and the
+  // plan cache hits.
   bg.since_flush = 0;
   finish_flight();
   auto e = std::make_shared<Execution>();

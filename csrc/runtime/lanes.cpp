@@ -47,9 +47,10 @@ void LanePool::loop(size_t k) {
   while (true) {
     // Spin a little for the next job, then sleep.
     auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+    uint32_t step = 0;
     while (w.ticket.load(std::memory_order_acquire) == w.seen && !stop_ &&
-           std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
+           ((step & 63u) != 0 || std::chrono::steady_clock::now() < until)) {
+      spin_pause(step);
     }
     if (w.ticket.load(std::memory_order_acquire) == w.seen) {
       std::unique_lock<std::mutex> lock(m_);

@@ -44,6 +44,18 @@ class LanePool {
   int64_t spin_ns_ = 300000;
 };
 
+// One step of a spin-wait: a pause instruction, and now and then a yield so
+// that a spinning thread gives way when threads outnumber cores (a yield is
+// a system call: yielding on every step costs more than the wait).
+inline void spin_pause(uint32_t& step) {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+  if ((++step & 1023u) == 0) std::this_thread::yield();
+}
+
 // Sets this thread's intra-op parallelism (OpenMP and MKL, thread-local).
 void set_thread_parallelism(int threads);
 int thread_parallelism();
