@@ -49,3 +49,19 @@ TEST(Cpp, ErrorsAtTheCall) {
   EXPECT_THROW(torch::mm(a, b), c10::Error);
   EXPECT_THROW(torch_mgpu::device(7), c10::Error);
 }
+
+TEST(Cpp, BackgroundExecutionMatchesEager) {
+  const int64_t before = torch_mgpu::async_ops();
+  torch_mgpu::set_async_ops(16);
+  auto x = torch::randn({32});
+  auto xm = x.to(torch_mgpu::device());
+  const int64_t flushes = torch_mgpu::stats().at("background_flushes");
+  for (int k = 0; k < 100; ++k) {
+    x = (x * 1.01).add_(0.01);
+    xm = (xm * 1.01).add_(0.01);
+  }
+  EXPECT_GE(torch_mgpu::stats().at("background_flushes") - flushes, 5);
+  EXPECT_TRUE(torch::equal(xm.cpu(), x));
+  torch_mgpu::set_async_ops(before);
+  EXPECT_THROW(torch_mgpu::set_async_ops(-1), c10::Error);
+}
