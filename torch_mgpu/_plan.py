@@ -88,5 +88,9 @@ class Simulation:
 
 def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None) -> Simulation:
     """Plans the pending graph for `devices` virtual devices with
-    `lanes_per_device` lanes each, without running anything."""
+    `lanes_per_device` lanes each, without running anything.
+
+    Only what is pending is planned: with background execution on (see
+    `torch_mgpu.set_async_ops`), a capture longer than `async_ops()` ops has
+    partly run already, so turn it off to simulate a whole program."""
     return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or ""))
