@@ -325,6 +325,14 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   // The signature (and the storages read and written) without Meta twins.
   Call call;
   call.cpu_as_meta = cpu_as_meta;
+  // The key's bytes live in a per-thread buffer, reused call after call.
+  thread_local std::string key_buffer;
+  call.key.bytes.swap(key_buffer);
+  call.key.bytes.clear();
+  struct GiveBack {
+    std::string& key;
+    ~GiveBack() { key_buffer.swap(key); }
+  } give_back{call.key.bytes};
   call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, then its arguments
   meta_arguments(schema, args, call);
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
@@ -352,6 +360,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   node->op = op;
   node->operands.reserve(call.storages.size());
   node->args.reserve(nargs);
+  node->outputs.reserve(mr.tensors.size() + call.mutated_slots.size());
   for (const auto& s : call.storages) {
     const auto& v = buffer_of(s)->value;
     if (v.node && v.node->kind == ir::NodeKind::Error)

@@ -33,7 +33,6 @@ struct MetaResult {
 
 // Key builder: append the parts of a call's signature.
 struct SignatureKey {
-  SignatureKey() { bytes.reserve(256); }  // one allocation for a typical call
   std::string bytes;
   bool cacheable = true;
   void add(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }

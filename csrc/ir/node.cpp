@@ -83,16 +83,29 @@ Node::~Node() {
   if (kind == NodeKind::Op) g_pending.fetch_sub(1);
   // Release long operand chains iteratively: a chain of a million in-place
   // versions would otherwise recurse a million frames deep on destruction.
+  // A node this one held last is emptied of its operands before it dies;
+  // `next` carries a chain with no allocation, `stack` the branches.
+  NodePtr next;
   std::vector<NodePtr> stack;
-  for (auto& v : operands)
-    if (v.node && v.node.use_count() == 1) stack.push_back(std::move(v.node));
-  operands.clear();
-  while (!stack.empty()) {
-    NodePtr n = std::move(stack.back());
-    stack.pop_back();
-    for (auto& v : n->operands)
-      if (v.node && v.node.use_count() == 1) stack.push_back(std::move(v.node));
-    n->operands.clear();
+  auto take = [&](std::vector<Value>& ops) {
+    for (auto& v : ops) {
+      if (!v.node || v.node.use_count() != 1) continue;
+      if (!next) next = std::move(v.node);
+      else stack.push_back(std::move(v.node));
+    }
+    ops.clear();
+  };
+  take(operands);
+  while (next || !stack.empty()) {
+    NodePtr n;
+    if (next) {
+      n = std::move(next);
+      next.reset();
+    } else {
+      n = std::move(stack.back());
+      stack.pop_back();
+    }
+    take(n->operands);
   }
 }
 
