@@ -1,8 +1,11 @@
 """Background execution: once `async_ops` ops are pending they run on a
 background worker while capture goes on. Results, errors and in-place
 semantics must be those of one sync at the end."""
+import os
 import random
+import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -197,3 +200,38 @@ def test_simulate_plans_what_is_pending(async_ops):
     # Part of it already ran in the background: only the rest is planned.
     assert len(torch_mgpu.simulate(devices=2).plan) < 200
     del ys
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_forked_child_computes_on_the_calling_thread(async_ops):
+    # Lane workers and the background worker do not survive fork(): a child
+    # (a DataLoader worker, say) still computes, on one lane, in the foreground.
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="heft")
+    async_ops(8)
+    x = torch.randn(16, 16)
+    xm = x.to("mgpu")
+    torch_mgpu.synchronize()
+    pending = [torch.tanh(xm @ xm) + i for i in range(3)]  # recorded before the fork
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 3
+        try:
+            ys = [torch.tanh(xm @ xm) * i for i in range(40)]  # would start flights
+            ok = all(torch.allclose(y.cpu(), torch.tanh(x @ x) * i) for i, y in enumerate(ys))
+            ok = ok and all(torch.allclose(p.cpu(), torch.tanh(x @ x) + i) for i, p in enumerate(pending))
+            ok = ok and torch_mgpu.last_plan().lanes_used == 1
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    deadline = time.time() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    for i, p in enumerate(pending):  # the parent is unaffected
+        torch.testing.assert_close(p.cpu(), torch.tanh(x @ x) + i)

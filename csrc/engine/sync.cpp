@@ -168,6 +168,8 @@ std::mutex& plans_mutex() {
 
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto& c = config();
+  if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
+    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, c.topo, cost_model()));
   std::lock_guard<std::mutex> lock(plans_mutex());
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
@@ -454,6 +456,12 @@ Background& background() {
 void finish_flight() {
   auto& bg = background();
   if (!bg.flight) return;
+  if (runtime::in_forked_child()) {
+    // Forked while a flight ran: its worker is gone, and nothing of it was
+    // bound here. Its nodes are still pending; the next sync runs them.
+    bg.flight.reset();
+    return;
+  }
   auto t0 = clock::now();
   Worker::instance().wait();
   counters().background_wait_us += micros(t0, clock::now());
@@ -486,7 +494,7 @@ void set_async_ops(int64_t n) {
 void recorded(bool background_safe) {
   auto& bg = background();
   if (!background_safe) bg.blocked = true;
-  if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold) return;
+  if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold || runtime::in_forked_child()) return;
   // Not under a profiler (its records belong to the lanes of a sync), and
   // not while a pending op draws from a global generator or may run Python
   // (the waiting thread holds the GIL).

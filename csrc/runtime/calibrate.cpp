@@ -57,7 +57,7 @@ plan::CostModel calibrate_cpu(int cores) {
   cm.bytes_per_s = 3.0 * 4 * (1 << 19) / t_vec;
   // Executor overhead: views, the boxed call, bookkeeping: about 2 tiny ops.
   cm.op_overhead_s = 2.0 * t_tiny;
-  if (cores > 1) {
+  if (cores > 1 && !in_forked_child()) {
     double s_gemm = t_big1 / t_big_n, s_vec = t_vec / t_vec_n;
     double s = std::max(s_gemm, s_vec);
     cm.parallel_efficiency = std::clamp((s - 1.0) / (cores - 1), 0.0, 1.0);

@@ -193,7 +193,15 @@ struct Run {
   std::vector<std::vector<int>> producer;  // per node and operand: the node making it, -1 outside the graph
   std::vector<std::vector<int>> readers;
   std::vector<std::vector<bool>> is_root;
-  std::map<std::tuple<int, int, int>, c10::Storage> copies;  // (node, output, device)
+  // A value copied to another device, once per device: (node, output, device).
+  // On stream lanes `ready` is recorded on the copying lane's stream after
+  // the copy; other lanes of that device wait for it.
+  struct Copy {
+    c10::Storage bytes;
+    std::shared_ptr<c10::Event> ready;
+    int lane = 0;
+  };
+  std::map<std::tuple<int, int, int>, Copy> copies;
   // Stream lanes: an event after each node read on another lane.
   std::vector<std::optional<c10::Event>> events;
   std::mutex m;
@@ -244,7 +252,8 @@ struct Run {
     for (const auto& r : n.replicas)
       if (r.device() == place.device) return r;
     lock.unlock();
-    c10::Storage moved = copy_to(n.data, place.device);
+    // Complete on return: the copy is kept and read by lanes on any stream.
+    c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
     counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
     lock.lock();
     for (const auto& r : n.replicas)
@@ -264,19 +273,29 @@ struct Run {
     if (p.lanes[src_lane].device == device) return src;
     auto key = std::make_tuple(d, v.index, device);
     auto c = copies.find(key);
-    if (c != copies.end()) return c->second;
+    if (c != copies.end()) {
+      if (c->second.ready && c->second.lane != lane) c->second.ready->block(place.stream);
+      return c->second.bytes;
+    }
     lock.unlock();
-    c10::Storage moved;
+    Copy moved;
+    moved.lane = lane;
     {
       // A device-to-device copy is queued after the producer on its stream;
       // this lane's stream (current for its device) waits for the copy.
       std::optional<c10::StreamGuard> on_producer;
       if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
-      moved = copy_to(src, place.device);
+      moved.bytes = copy_to(src, place.device);
     }
-    counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
+    if (place.streams) {
+      moved.ready = std::make_shared<c10::Event>(place.device.type());
+      moved.ready->record(place.stream);
+    }
+    counters().bytes_transferred += static_cast<int64_t>(moved.bytes.nbytes());
     lock.lock();
-    return copies.emplace(key, moved).first->second;
+    auto it = copies.emplace(key, std::move(moved)).first;
+    if (it->second.ready && it->second.lane != lane) it->second.ready->block(place.stream);  // another lane was quicker
+    return it->second.bytes;
   }
 
   void run_one(int lane, int i) {

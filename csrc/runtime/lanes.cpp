@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <pthread.h>
+
 #include <chrono>
 #include <cstdlib>
 
@@ -14,6 +16,18 @@ int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C entry (lower
 }
 
 namespace torch_mgpu::runtime {
+
+namespace {
+std::atomic<bool> g_forked_child{false};
+// fork() copies only the calling thread: in the child, the lane workers and
+// the background worker do not exist.
+const bool g_atfork_registered = [] {
+  pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+  return true;
+}();
+} // namespace
+
+bool in_forked_child() { return g_forked_child.load(); }
 
 void set_thread_parallelism(int threads) {
   if (omp_set_num_threads) omp_set_num_threads(threads);
@@ -73,6 +87,9 @@ void LanePool::loop(size_t k) {
 
 void LanePool::run(const std::vector<std::function<void()>>& jobs, int threads) {
   if (jobs.empty()) return;
+  // The workers of a forked parent are not here (plans in a forked child use
+  // one lane, so this is a bug, reported rather than hung on).
+  TORCH_CHECK(!in_forked_child() || jobs.size() == 1, "torch_mgpu: lanes cannot run in a forked child");
   const size_t extra = jobs.size() - 1;
   {
     std::lock_guard<std::mutex> lock(m_);

@@ -56,6 +56,11 @@ inline void spin_pause(uint32_t& step) {
   if ((++step & 1023u) == 0) std::this_thread::yield();
 }
 
+// Whether this process is the child of a fork() made after the library
+// loaded: its worker threads did not survive the fork, so plans run on the
+// calling thread alone and nothing runs in the background.
+bool in_forked_child();
+
 // Sets this thread's intra-op parallelism (OpenMP and MKL, thread-local).
 void set_thread_parallelism(int threads);
 int thread_parallelism();

@@ -76,7 +76,7 @@ void zero(const c10::Storage& s) {
   bytes_of(s).zero_();
 }
 
-c10::Storage copy_to(const c10::Storage& src, c10::Device device) {
+c10::Storage copy_to(const c10::Storage& src, c10::Device device, bool wait) {
   c10::Storage dst = allocate(src.nbytes(), device);
   if (!src.nbytes()) return dst;
   if (src.device().is_cpu() && device.is_cpu()) {
@@ -84,7 +84,7 @@ c10::Storage copy_to(const c10::Storage& src, c10::Device device) {
     return dst;
   }
   c10::DeviceGuard guard(device.is_cpu() ? src.device() : device);
-  bytes_of(dst).copy_(bytes_of(src), /*non_blocking=*/!device.is_cpu());
+  bytes_of(dst).copy_(bytes_of(src), /*non_blocking=*/!device.is_cpu() && !wait);
   return dst;
 }
 

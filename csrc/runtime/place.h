@@ -43,8 +43,9 @@ c10::Storage allocate(size_t nbytes, c10::Device device = c10::Device(c10::kCPU)
 // Zeroes every byte of `s`.
 void zero(const c10::Storage& s);
 // A copy of `src` on `device`. Host to host is a memcpy; a copy that lands on
-// the host waits for it; any other copy is queued on the current streams.
-c10::Storage copy_to(const c10::Storage& src, c10::Device device);
+// the host, or any copy with `wait`, is complete on return; any other copy
+// is queued on the current streams.
+c10::Storage copy_to(const c10::Storage& src, c10::Device device, bool wait = false);
 // Tells the caching allocator that `s` is in use on `stream` (a value read on
 // a stream other than the one it was made on), through the device's guard
 // implementation (a no-op for host memory).
