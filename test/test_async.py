@@ -12,7 +12,8 @@ import torch
 
 import torch_mgpu
 
-from test_parallel import random_dag_program
+from test_errors import capture_in_threads
+from test_parallel import check_random_dag
 
 
 @pytest.fixture
@@ -153,40 +154,12 @@ def test_training_loop_matches_cpu(async_ops):
 def test_random_dags_with_flights_match_eager(async_ops, seed):
     rng = random.Random(100 + seed)
     async_ops(rng.choice([4, 8, 16]))
-    devices = rng.choice([["cpu"], ["cpu", "cpu"]])
-    torch_mgpu.configure(devices=devices, lanes_per_device=rng.choice([1, 2]),
-                         policy=rng.choice(["serial", "heft", "auto"]))
-    program = random_dag_program(rng, 3, rng.randrange(30, 80))
-    g = torch.Generator().manual_seed(seed)
-    inputs = [torch.randn(16, 16, generator=g) for _ in range(3)]
-    expected = program(inputs)
-    got = program([t.to("mgpu") for t in inputs])
-    for e, m in zip(expected, got):
-        torch.testing.assert_close(m.cpu(), e)
+    check_random_dag(rng, seed, lanes=[1, 2], n_ops=(30, 80))
 
 
 def test_threads_capture_while_flights_run(async_ops):
     async_ops(16)
-    errors = []
-
-    def work(seed):
-        try:
-            g = torch.Generator().manual_seed(seed)
-            a = torch.randn(16, 16, generator=g)
-            x = a.to("mgpu")
-            for _ in range(60):
-                x = torch.tanh(x @ x.t() * 0.1) + 0.5
-                a = torch.tanh(a @ a.t() * 0.1) + 0.5
-            torch.testing.assert_close(x.cpu(), a)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    capture_in_threads(3, steps=60, size=16, scale=0.1)
 
 
 def test_simulate_plans_what_is_pending(async_ops):

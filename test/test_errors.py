@@ -38,27 +38,32 @@ def test_failed_inplace_leaves_tensor_as_before():
     assert torch.equal(base.cpu(), base_cpu + 1)
 
 
-def test_threads_capture_at_once():
+def capture_in_threads(n_threads, steps, size, scale=1.0):
+    """Each thread records its own chain on mgpu and checks it against eager."""
     errors = []
 
     def work(seed):
         try:
             g = torch.Generator().manual_seed(seed)
-            a = torch.randn(32, 32, generator=g)
+            a = torch.randn(size, size, generator=g)
             x = a.to("mgpu")
-            for _ in range(20):
-                x = torch.tanh(x @ x.t()) + 0.5
-                a = torch.tanh(a @ a.t()) + 0.5
+            for _ in range(steps):
+                x = torch.tanh(x @ x.t() * scale) + 0.5
+                a = torch.tanh(a @ a.t() * scale) + 0.5
             torch.testing.assert_close(x.cpu(), a)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_threads_capture_at_once():
+    capture_in_threads(4, steps=20, size=32)
 
 
 def test_bad_inputs_raise_clear_errors():

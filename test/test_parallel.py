@@ -244,20 +244,23 @@ def random_dag_program(rng, n_inputs, n_ops):
     return run
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_random_dags_match_eager(lanes_config, seed):
-    rng = random.Random(seed)
+def check_random_dag(rng, seed, lanes, n_ops):
+    """A random lane configuration and program: mgpu equals eager."""
     devices = rng.choice([["cpu"], ["cpu", "cpu"]])
-    lanes = rng.choice([1, 2, 3])
-    policy = rng.choice(["serial", "heft", "auto"])
-    torch_mgpu.configure(devices=devices, lanes_per_device=lanes, policy=policy)
-    program = random_dag_program(rng, 3, rng.randrange(5, 40))
+    torch_mgpu.configure(devices=devices, lanes_per_device=rng.choice(lanes),
+                         policy=rng.choice(["serial", "heft", "auto"]))
+    program = random_dag_program(rng, 3, rng.randrange(*n_ops))
     g = torch.Generator().manual_seed(seed)
     inputs = [torch.randn(16, 16, generator=g) for _ in range(3)]
     expected = program(inputs)
     got = program([t.to("mgpu") for t in inputs])
     for e, m in zip(expected, got):
         torch.testing.assert_close(m.cpu(), e)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_dags_match_eager(lanes_config, seed):
+    check_random_dag(random.Random(seed), seed, lanes=[1, 2, 3], n_ops=(5, 40))
 
 
 def test_error_on_a_lane_surfaces_and_other_lanes_finish(lanes_config):
