@@ -110,8 +110,9 @@ plan::CostModel calibrate_device(c10::Device device) {
   cm.transfer_bytes_per_s = 4.0 * (1 << 22) / t_h2d;
   cm.transfer_latency_s = 10e-6;
   cm.lane_sync_s = 10e-6;  // an event record and wait
-  cm.parallel_min_flops = 0;
-  cm.parallel_efficiency = 0;  // a stream lane runs on one host thread
+  // Products below this size run at the small-product rate.
+  cm.parallel_min_flops = 2.0 * 512 * 512 * 512;
+  cm.parallel_efficiency = 0;  // no intra-op threads: the device is the parallelism
   cm.calibrated = true;
   return cm;
 }
