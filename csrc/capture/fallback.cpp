@@ -73,7 +73,18 @@ bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info(
 struct Call {
   std::vector<c10::Storage> storages;   // mgpu storages read or written
   std::vector<c10::Storage> meta;       // their Meta twins, same size
-  std::unordered_map<c10::StorageImpl*, int> index;
+  // Position of a storage in `storages` (-1 if absent). A call touches a
+  // handful of storages: a linear scan beats a hash map and allocates nothing.
+  int index_of(const c10::StorageImpl* impl) const {
+    for (size_t i = 0; i < storages.size(); ++i)
+      if (storages[i].unsafeGetStorageImpl() == impl) return static_cast<int>(i);
+    return -1;
+  }
+  int index_at(const at::Tensor& t) const {
+    int i = index_of(t.storage().unsafeGetStorageImpl());
+    TORCH_INTERNAL_ASSERT(i >= 0, "mgpu: a storage of the call was not recorded");
+    return i;
+  }
   std::vector<at::Tensor> cpu_inputs;   // CPU tensors passed in (snapshotted)
   std::vector<at::Tensor> mutated_slots;      // mgpu tensors written by the op
   std::vector<at::Tensor> mutated_meta;       // their Meta twins
@@ -85,11 +96,9 @@ struct Call {
   bool build_meta = false;
 
   int storage_index(const at::Tensor& t) {
-    auto* impl = t.storage().unsafeGetStorageImpl();
-    auto it = index.find(impl);
-    if (it != index.end()) return it->second;
-    int i = static_cast<int>(storages.size());
-    index.emplace(impl, i);
+    int i = index_of(t.storage().unsafeGetStorageImpl());
+    if (i >= 0) return i;
+    i = static_cast<int>(storages.size());
     storages.push_back(t.storage());
     if (build_meta)
       meta.push_back(at::empty({static_cast<int64_t>(t.storage().nbytes())},
@@ -206,7 +215,7 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
   for (size_t k = 0; k < call.mutated_meta.size(); ++k) {
     const auto& m = call.mutated_meta[k];
     auto* impl = m.storage().unsafeGetStorageImpl();
-    int idx = call.index.at(call.mutated_slots[k].storage().unsafeGetStorageImpl());
+    int idx = call.index_at(call.mutated_slots[k]);
     TORCH_CHECK_NOT_IMPLEMENTED(impl == call.meta[idx].unsafeGetStorageImpl(),
                                 "mgpu: ", op.schema().name(), " rebinds a tensor to another storage");
     r.mutated_geom.push_back(geometry_of(m));
@@ -276,7 +285,7 @@ struct NodeBuilder {
 
   std::optional<ir::TensorRef> ref(const at::Tensor& t) {
     if (!t.defined()) return std::nullopt;
-    if (is_mgpu(t)) return ir::TensorRef{call.index.at(t.storage().unsafeGetStorageImpl()), geometry_of(t)};
+    if (is_mgpu(t)) return ir::TensorRef{call.index_at(t), geometry_of(t)};
     auto it = cpu_refs.find(t.unsafeGetTensorImpl());
     if (it != cpu_refs.end()) return it->second;
     at::Tensor snap = t.clone(at::MemoryFormat::Contiguous);
@@ -408,7 +417,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   std::vector<at::Tensor> results;
   std::vector<int> written;  // distinct storage indices written
   for (const auto& m : call.mutated_slots) {
-    int idx = call.index.at(m.storage().unsafeGetStorageImpl());
+    int idx = call.index_at(m);
     if (std::find(written.begin(), written.end(), idx) == written.end()) written.push_back(idx);
   }
   for (size_t k = 0; k < mr.tensors.size(); ++k) {
@@ -419,7 +428,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       // A view, or the written tensor itself (in-place and out= return it).
       at::Tensor same;
       for (const auto& m : call.mutated_slots)
-        if (call.index.at(m.storage().unsafeGetStorageImpl()) == t.alias) same = m;
+        if (call.index_at(m) == t.alias) same = m;
       results.push_back(same.defined() ? same : make_lazy_tensor(call.storages[t.alias], t.geom));
     } else if (empty_factory) {
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, ir::make_empty(t.nbytes)), t.geom));
@@ -437,7 +446,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   for (int idx : written) {
     size_t nbytes = call.storages[idx].nbytes();
     for (size_t k = 0; k < call.mutated_slots.size(); ++k)
-      if (call.index.at(call.mutated_slots[k].storage().unsafeGetStorageImpl()) == idx)
+      if (call.index_at(call.mutated_slots[k]) == idx)
         nbytes = std::max(nbytes, mr.mutated_nbytes[k]);
     ir::Output o;
     o.nbytes = nbytes;

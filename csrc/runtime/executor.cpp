@@ -189,10 +189,13 @@ struct Run {
   const plan::Plan& p;
   const std::vector<Place>& places;
   ExecResult& res;
-  const std::unordered_map<const ir::Node*, int>& index;
-  std::vector<std::vector<int>> producer;  // per node and operand: the node making it, -1 outside the graph
-  std::vector<std::vector<int>> readers;
-  std::vector<std::vector<bool>> is_root;
+  // Flat per-node arrays (one allocation each, not one per node):
+  // producer[operand_at[i] + k]: the node making operand k of node i, -1
+  // outside the graph; readers / is_root[output_at[i] + j]: for output j.
+  std::vector<int> operand_at, output_at;
+  std::vector<int> producer;
+  std::vector<int> readers;
+  std::vector<char> is_root;
   // A value copied to another device, once per device: (node, output, device).
   // On stream lanes `ready` is recorded on the copying lane's stream after
   // the copy; other lanes of that device wait for it.
@@ -210,27 +213,33 @@ struct Run {
   bool parallel = false;
 
   Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place>& pl, ExecResult& r)
-      : g(graph), p(plan), places(pl), res(r), index(graph.index) {
+      : g(graph), p(plan), places(pl), res(r) {
     TORCH_INTERNAL_ASSERT(places.size() >= p.lanes.size(), "mgpu: a place is needed for every lane");
-    readers.resize(g.size());
-    producer.resize(g.size());
-    events.resize(g.size());
-    for (size_t i = 0; i < g.size(); ++i) readers[i].assign(g.nodes[i]->outputs.size(), 0);
-    for (size_t i = 0; i < g.size(); ++i)
-      for (const auto& v : g.nodes[i]->operands) {
-        auto it = index.find(v.node.get());
-        producer[i].push_back(it == index.end() ? -1 : it->second);
-        if (it == index.end()) continue;
-        int d = it->second;
-        readers[d][v.index]++;
+    const size_t n = g.size();
+    operand_at.resize(n + 1);
+    output_at.resize(n + 1);
+    for (size_t i = 0; i < n; ++i) {
+      operand_at[i + 1] = operand_at[i] + static_cast<int>(g.nodes[i]->operands.size());
+      output_at[i + 1] = output_at[i] + static_cast<int>(g.nodes[i]->outputs.size());
+    }
+    producer.assign(operand_at[n], -1);
+    readers.assign(output_at[n], 0);
+    is_root.assign(output_at[n], 0);
+    events.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const auto& ops = g.nodes[i]->operands;
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const int d = g.find(ops[k].node.get());
+        producer[operand_at[i] + k] = d;
+        if (d < 0) continue;
+        readers[output_at[d] + ops[k].index]++;
         const Place& from = places[p.lane_of[d]];
         if (from.streams && p.lane_of[d] != p.lane_of[i] && !events[d]) events[d].emplace(from.device.type());
       }
-    is_root.resize(g.size());
-    for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
+    }
     for (const auto& r2 : g.roots) {
-      auto it = index.find(r2.node.get());
-      if (it != index.end()) is_root[it->second][r2.index] = true;
+      const int d = g.find(r2.node.get());
+      if (d >= 0) is_root[output_at[d] + r2.index] = 1;
     }
   }
 
@@ -313,7 +322,7 @@ struct Run {
     operands.reserve(node.operands.size());
     for (size_t k = 0; k < node.operands.size(); ++k) {
       const ir::Value& v = node.operands[k];
-      const int d = producer[i][k];
+      const int d = producer[operand_at[i] + k];
       bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
       if (missing) {
         std::exception_ptr e;
@@ -363,11 +372,12 @@ struct Run {
       // Free each graph value this node was the last to read.
       for (size_t k = 0; k < node.operands.size(); ++k) {
         const ir::Value& v = node.operands[k];
-        const int d = producer[i][k];
+        const int d = producer[operand_at[i] + k];
         if (d < 0) continue;
-        if (--readers[d][v.index] == 0 && !is_root[d][v.index]) {
+        if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index]) {
           res.values[d][v.index] = c10::Storage();
-          for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
+          if (!copies.empty())
+            for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
         }
       }
     }
