@@ -10,7 +10,7 @@ Graph build_graph(const std::vector<Value>& roots) {
   Graph g;
   g.roots = roots;
   auto& index = g.index;  // -1 while a node is on the stack
-  index.reserve(256);
+  index.reserve(static_cast<size_t>(std::max<int64_t>(64, pending_op_count())));  // no rehash as it grows
   // Iterative DFS: graphs of 100k nodes in a chain must not overflow the stack.
   struct Frame {
     NodePtr node;
@@ -65,7 +65,12 @@ Graph build_graph(const std::vector<Value>& roots) {
 GraphSummary summarize(const Graph& g) {
   GraphSummary s;
   s.names.reserve(g.size());
-  s.deps = g.deps;
+  s.dep_at.reserve(g.size() + 1);
+  s.dep_at.push_back(0);
+  for (const auto& d : g.deps) {
+    s.dep_list.insert(s.dep_list.end(), d.begin(), d.end());
+    s.dep_at.push_back(static_cast<int>(s.dep_list.size()));
+  }
   s.external.assign(g.size(), 0);
   s.writes.assign(g.size(), 0);
   for (size_t i = 0; i < g.size(); ++i) {
@@ -83,7 +88,8 @@ std::string to_text(const GraphSummary& s) {
   for (size_t i = 0; i < s.names.size(); ++i) {
     os << "%" << i << " = " << s.names[i] << "(";
     bool first = true;
-    for (int d : s.deps[i]) {
+    for (int k = s.dep_at[i]; k < s.dep_at[i + 1]; ++k) {
+      const int d = s.dep_list[k];
       os << (first ? "" : ", ") << "%" << d;
       first = false;
     }
@@ -107,7 +113,7 @@ std::string to_dot(const GraphSummary& s, const std::vector<int>& lane_of) {
     os << "\", fillcolor=" << colors[lane % 8] << "];\n";
   }
   for (size_t i = 0; i < s.names.size(); ++i)
-    for (int d : s.deps[i]) os << "  n" << d << " -> n" << i << ";\n";
+    for (int k = s.dep_at[i]; k < s.dep_at[i + 1]; ++k) os << "  n" << s.dep_list[k] << " -> n" << i << ";\n";
   os << "}\n";
   return os.str();
 }

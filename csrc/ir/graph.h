@@ -39,7 +39,8 @@ Graph build_graph(const std::vector<Value>& roots);
 // names, edges, and how many operands come from outside (materialized data).
 struct GraphSummary {
   std::vector<std::string_view> names;  // interned node names
-  std::vector<std::vector<int>> deps;
+  // Edges, flat: node i reads nodes dep_list[dep_at[i] .. dep_at[i + 1]).
+  std::vector<int> dep_at, dep_list;
   std::vector<int> external;
   std::vector<int> writes;  // outputs that are new versions of an operand
 };
