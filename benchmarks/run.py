@@ -58,7 +58,7 @@ def reset_peak():
         return False
 
 
-def measure(run, reps, warmup=2):
+def measure(run, reps, warmup=5):
     for _ in range(warmup):
         run()
     base = rss_kib("VmRSS")
@@ -96,7 +96,7 @@ def run_case(case, quick):
     if not quick and case.compile_ok:
         try:
             compiled = torch.compile(case.fn)
-            res["compile"] = measure(lambda: compiled(*cpu_in), case.reps, warmup=3)
+            res["compile"] = measure(lambda: compiled(*cpu_in), case.reps)
         except Exception as e:  # report, do not hide
             res["compile_error"] = f"{type(e).__name__}: {str(e)[:80]}"
     if capture_only:
@@ -108,13 +108,13 @@ def run_case(case, quick):
         saved_async = torch_mgpu.async_ops()
         torch_mgpu.set_async_ops(0)
         times = []
-        for i in range(case.reps + 2):
+        for i in range(case.reps + 5):
             t = time.perf_counter()
             out = capture()
             dt = time.perf_counter() - t
             torch_mgpu.synchronize()
             del out
-            if i >= 2:
+            if i >= 5:
                 times.append(dt)
         torch_mgpu.set_async_ops(saved_async)
         res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
@@ -198,7 +198,7 @@ def main():
         f"- mgpu lanes: {', '.join(lanes)}; policy {torch_mgpu.policy()}",
         f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
         "",
-        "Times in ms: median (min..max) of the repetitions after warm-up. Speed-up is over eager",
+        "Times in ms: median (min..max) of the repetitions after 5 warm-up runs. Speed-up is over eager",
         "with default threads (higher is better). Peak MiB: growth of peak RSS during the timed runs.",
         "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded).",
         "",
