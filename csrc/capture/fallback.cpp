@@ -85,7 +85,6 @@ struct Call {
     TORCH_INTERNAL_ASSERT(i >= 0, "mgpu: a storage of the call was not recorded");
     return i;
   }
-  std::vector<at::Tensor> cpu_inputs;   // CPU tensors passed in (snapshotted)
   std::vector<at::Tensor> mutated_slots;      // mgpu tensors written by the op
   std::vector<at::Tensor> mutated_meta;       // their Meta twins
   SignatureKey key;
@@ -117,7 +116,6 @@ struct Call {
       key.add(-2);
       key.add_geometry(geometry_of(t));
       key.add(static_cast<int64_t>(t.device().type()));
-      cpu_inputs.push_back(t);
       if (cpu_as_meta && build_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
       return t;  // meta kernels accept CPU scalars and refuse the rest, as eager does
     }
@@ -136,39 +134,47 @@ struct Call {
 };
 
 // Meta arguments for `args`, filling `call`.
-std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema,
-                                        const std::vector<c10::IValue>& args, Call& call) {
+// Without `call.build_meta` only the signature is wanted: nothing is returned.
+std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                        Call& call) {
+  const bool keep = call.build_meta;
   std::vector<c10::IValue> out;
-  out.reserve(args.size());
+  if (keep) out.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& v = args[i];
     bool mut = is_mutated(schema.arguments()[i]);
     if (v.isTensor()) {
-      out.emplace_back(call.to_meta(v.toTensor(), mut));
+      at::Tensor m = call.to_meta(v.toTensor(), mut);
+      if (keep) out.emplace_back(std::move(m));
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(call.to_meta(t, mut));
-      call.key.add(static_cast<int64_t>(l.size()));
-      out.emplace_back(c10::List<at::Tensor>(l));
+      const auto list = v.toTensorList();
+      for (const auto& t : list) {
+        at::Tensor m = call.to_meta(t, mut);
+        if (keep) l.push_back(std::move(m));
+      }
+      call.key.add(static_cast<int64_t>(list.size()));
+      if (keep) out.emplace_back(c10::List<at::Tensor>(l));
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> l;
       for (const auto& e : v.toOptionalTensorList()) {
         std::optional<at::Tensor> ot = e;
-        l.push_back(ot ? std::optional<at::Tensor>(call.to_meta(*ot, mut)) : std::nullopt);
+        std::optional<at::Tensor> m = ot ? std::optional<at::Tensor>(call.to_meta(*ot, mut)) : std::nullopt;
+        if (keep) l.push_back(std::move(m));
         if (!ot) call.key.add(-3);
       }
-      out.emplace_back(l);
+      if (keep) out.emplace_back(l);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       check_device_index(v.toDevice().index());
       call.device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
       call.key.add(-4);
-      out.emplace_back(c10::Device(c10::kMeta));
+      if (keep) out.emplace_back(c10::Device(c10::kMeta));
     } else if (v.isGenerator()) {
       call.key.add(-5);
-      out.emplace_back();  // meta kernels draw nothing
+      if (keep) out.emplace_back();  // meta kernels draw nothing
     } else {
       call.key.add_ivalue(v);
-      out.push_back(v);
+      if (keep) out.push_back(v);
     }
   }
   return out;
@@ -235,7 +241,7 @@ at::Tensor zeros_like_on_cpu(const at::Tensor& t) {
   return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
 }
 
-int64_t input_numel(const std::vector<c10::IValue>& args) {
+int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
   int64_t n = 0;
   for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { n += t.numel(); });
   return n;
@@ -250,7 +256,7 @@ int64_t input_numel(const std::vector<c10::IValue>& args) {
 // probe errors are ignored; large calls are not probed (their dtype errors
 // surface at the sync point). Ops that draw random numbers are not probed:
 // the probe must not move a generator.
-void probe_dtypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+void probe_dtypes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
   if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
@@ -329,7 +335,8 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
 bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
-  std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+  // The arguments, in place on the stack until the results replace them.
+  c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - nargs, nargs);
 
   // The signature (and the storages read and written) without Meta twins.
   Call call;
