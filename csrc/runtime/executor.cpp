@@ -203,6 +203,7 @@ struct Run {
     c10::Storage bytes;
     std::shared_ptr<c10::Event> ready;
     int lane = 0;
+    bool done = false;  // false while the copying lane is at it
   };
   std::map<std::tuple<int, int, int>, Copy> copies;
   // Stream lanes: an event after each node read on another lane.
@@ -255,18 +256,15 @@ struct Run {
 
   // Materialized bytes for a lane at `place`: a copy on its device, made
   // once and kept with the Data node.
-  c10::Storage leaf(const ir::Node& n, const Place& place, std::unique_lock<std::mutex>& lock) {
+  c10::Storage leaf(const ir::Node& n, const Place& place) {
     if (n.kind == ir::NodeKind::Empty) return allocate(n.outputs[0].nbytes, place.device);
     if (n.data.device() == place.device) return n.data;
     for (const auto& r : n.replicas)
       if (r.device() == place.device) return r;
-    lock.unlock();
-    // Complete on return: the copy is kept and read by lanes on any stream.
+    // Made under the lock (once per device, the first time a device reads
+    // it) and complete on return: the copy is kept and read on any stream.
     c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
     counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
-    lock.lock();
-    for (const auto& r : n.replicas)
-      if (r.device() == place.device) return r;  // another lane was quicker
     const_cast<ir::Node&>(n).replicas.push_back(moved);
     return moved;
   }
@@ -275,36 +273,46 @@ struct Run {
   // another device is copied over (a transfer), once per device.
   c10::Storage operand(const ir::Value& v, int d, int lane, std::unique_lock<std::mutex>& lock) {
     const Place& place = places[lane];
-    if (d < 0) return leaf(*v.node, place, lock);
+    if (d < 0) return leaf(*v.node, place);
     const int src_lane = p.lane_of[d];
     const int device = p.lanes[lane].device;
     c10::Storage src = res.values[d][v.index];
     if (p.lanes[src_lane].device == device) return src;
     auto key = std::make_tuple(d, v.index, device);
-    auto c = copies.find(key);
-    if (c != copies.end()) {
+    auto [c, first] = copies.try_emplace(key);
+    if (!first) {
+      // Made, or being made, by another lane of this device: wait for it.
+      cv.wait(lock, [&] { return c->second.done; });
+      TORCH_CHECK(static_cast<bool>(c->second.bytes), "mgpu: copying a value to ", place.device, " failed");
       if (c->second.ready && c->second.lane != lane) c->second.ready->block(place.stream);
       return c->second.bytes;
     }
     lock.unlock();
     Copy moved;
     moved.lane = lane;
-    {
+    try {
       // A device-to-device copy is queued after the producer on its stream;
       // this lane's stream (current for its device) waits for the copy.
       std::optional<c10::StreamGuard> on_producer;
       if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
       moved.bytes = copy_to(src, place.device);
-    }
-    if (place.streams) {
-      moved.ready = std::make_shared<c10::Event>(place.device.type());
-      moved.ready->record(place.stream);
+      on_producer.reset();
+      if (place.streams) {
+        moved.ready = std::make_shared<c10::Event>(place.device.type());
+        moved.ready->record(place.stream);
+      }
+    } catch (...) {
+      lock.lock();  // the caller expects the lock back, and waiters an answer
+      c->second.done = true;
+      cv.notify_all();
+      throw;
     }
     counters().bytes_transferred += static_cast<int64_t>(moved.bytes.nbytes());
+    moved.done = true;
     lock.lock();
-    auto it = copies.emplace(key, std::move(moved)).first;
-    if (it->second.ready && it->second.lane != lane) it->second.ready->block(place.stream);  // another lane was quicker
-    return it->second.bytes;
+    c->second = std::move(moved);
+    cv.notify_all();
+    return c->second.bytes;
   }
 
   void run_one(int lane, int i) {
@@ -339,7 +347,14 @@ struct Run {
         cv.notify_all();
         return;
       }
-      operands.push_back(operand(v, d, lane, lock));
+      try {
+        operands.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
+      } catch (const std::exception& e) {
+        counters().execution_errors++;
+        fail(i, Status::Failed, std::current_exception(), e.what());
+        cv.notify_all();
+        return;
+      }
     }
     lock.unlock();
     if (place.streams) {

@@ -201,6 +201,50 @@ TEST(StreamLanes, OneLaneNeedsNoEvents) {
   EXPECT_EQ(syncs, 1);
 }
 
+TEST(StreamLanes, LanesShareOneCopyPerDeviceAndWaitForIt) {
+  // a = x @ x on device 0; b = tanh(a) and c = sigmoid(a) on the two lanes of
+  // device 1: one copy of a reaches device 1, made by one of them, and the
+  // other lane's stream waits for it.
+  torch::manual_seed(2);
+  auto x = torch::randn({16, 16});
+  auto xm = x.to(torch_mgpu::device());
+  auto am = torch::mm(xm, xm);
+  auto bm = torch::tanh(am);
+  auto cm = torch::sigmoid(am);
+  ir::Graph g = ir::build_graph({capture::buffer_of(bm)->value, capture::buffer_of(cm)->value});
+  ASSERT_EQ(g.size(), 3u);
+  auto topo = plan::make_topology({"cpu", "cpu"}, 2, at::get_num_threads());
+  plan::Plan p = plan::make_serial_plan(g, topo, plan::CostModel());
+  p.lane_order.assign(topo.lanes.size(), {});
+  const int lanes_for[3] = {0, 2, 3};  // mm on cpu:0/lane0; tanh, sigmoid on cpu:1's lanes
+  for (int i = 0; i < 3; ++i) {
+    p.lane_of[i] = lanes_for[i];
+    p.lane_order[lanes_for[i]].push_back(i);
+  }
+  p.lanes_used = 3;
+  p.threads_per_lane = at::get_num_threads();
+  plan::compute_reuse(g, p);
+  const auto before = torch_mgpu::stats().at("bytes_transferred");
+  WithFakeStreams fake;
+  runtime::ExecResult r = runtime::execute(g, p, stream_places(4));
+  ASSERT_FALSE(r.first_error);
+  auto a = torch::mm(x, x);
+  auto out = [&](int i) { return runtime::cpu_view(r.values[i][0], capture::geometry_of(i == 1 ? bm : cm)); };
+  EXPECT_TRUE(torch::equal(out(1), torch::tanh(a)));
+  EXPECT_TRUE(torch::equal(out(2), torch::sigmoid(a)));
+  EXPECT_EQ(torch_mgpu::stats().at("bytes_transferred") - before, static_cast<int64_t>(a.nbytes()));  // one copy
+  std::map<intptr_t, c10::StreamId> recorded_on;
+  bool copy_waited = false;
+  for (const auto& e : fake.fake->log) {
+    if (e.what == "record") recorded_on[e.event] = e.stream;
+    if (e.what == "block" && recorded_on.count(e.event)) {
+      c10::StreamId from = recorded_on[e.event];
+      copy_waited |= (from == 102 && e.stream == 103) || (from == 103 && e.stream == 102);
+    }
+  }
+  EXPECT_TRUE(copy_waited) << "the second lane of device 1 did not wait for the copy";
+}
+
 TEST(StreamLanes, VirtualDevicesCopyValuesThatCross) {
   Captured c = branches();
   auto topo = plan::make_topology({"cpu", "cpu"}, 1, at::get_num_threads());
