@@ -1,8 +1,10 @@
 """Background execution: once `async_ops` ops are pending they run on a
 background worker while capture goes on. Results, errors and in-place
 semantics must be those of one sync at the end."""
+import gc
 import os
 import random
+import resource
 import signal
 import threading
 import time
@@ -208,3 +210,26 @@ def test_forked_child_computes_on_the_calling_thread(async_ops):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     for i, p in enumerate(pending):  # the parent is unaffected
         torch.testing.assert_close(p.cpu(), torch.tanh(x @ x) + i)
+
+
+def test_no_memory_growth_with_flights(async_ops):
+    async_ops(8)
+    x = torch.randn(256, 256, device="mgpu")
+
+    def cycle():
+        y = x
+        for _ in range(15):
+            y = torch.tanh(y * 0.5) + 1
+        return y.sum().item()
+
+    for _ in range(20):
+        cycle()
+    gc.collect()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    flushes = torch_mgpu.stats()["background_flushes"]
+    for _ in range(150):
+        cycle()
+    gc.collect()
+    growth_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert torch_mgpu.stats()["background_flushes"] - flushes >= 150
+    assert growth_mib < 20, f"max RSS grew {growth_mib:.1f} MiB over 150 cycles with flights"

@@ -410,7 +410,7 @@ class Worker {
         std::unique_lock<std::mutex> lock(m_);
         cv_.wait(lock, [&] { return ticket_.load() != seen; });
         seen = ticket_.load();
-        e = job_;
+        e = std::move(job_);  // the worker keeps nothing once done
       }
       try {
         e->run();
