@@ -58,18 +58,40 @@ def reset_peak():
         return False
 
 
-def measure(run, reps, warmup=5):
-    for _ in range(warmup):
-        run()
-    base = rss_kib("VmRSS")
-    can_reset = reset_peak()
-    times = []
+def nothing():
+    pass
+
+
+def measure_interleaved(variants, reps, warmup=5):
+    """Times every variant `reps` times, round-robin (eager, mgpu, eager,
+    mgpu, ...), so that a change in the machine's speed during a case hits
+    all variants alike; then each variant's peak RSS in a run of its own.
+    `variants`: name -> (run, enter, leave); enter/leave run untimed around
+    each run (e.g. setting the thread count)."""
+    for run, enter, leave in variants.values():
+        for _ in range(warmup):
+            enter()
+            run()
+            leave()
+    times = {name: [] for name in variants}
     for _ in range(reps):
-        t = time.perf_counter()
+        for name, (run, enter, leave) in variants.items():
+            enter()
+            t = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t)
+            leave()
+    out = {}
+    for name, (run, enter, leave) in variants.items():
+        base = rss_kib("VmRSS")
+        can_reset = reset_peak()
+        enter()
         run()
-        times.append(time.perf_counter() - t)
-    peak = (rss_kib("VmHWM") - base) / 1024 if can_reset else float("nan")
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": max(peak, 0.0)}
+        leave()
+        peak = (rss_kib("VmHWM") - base) / 1024 if can_reset else float("nan")
+        ts = times[name]
+        out[name] = {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "peak_mib": max(peak, 0.0)}
+    return out
 
 
 def mgpu_sync(out):
@@ -84,21 +106,27 @@ def run_case(case, quick):
     torch_mgpu.synchronize()
     capture_only = case.extra.get("capture_only", False)
 
-    res["eager"] = measure(lambda: case.fn(*cpu_in), case.reps)
+    # Eager with one thread runs in a block of its own: switching the thread
+    # count back and forth would slow the next eager run (a new OpenMP team).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        res["eager_1t"] = measure(lambda: case.fn(*cpu_in), case.reps)
+        res.update(measure_interleaved({"eager_1t": (lambda: case.fn(*cpu_in), nothing, nothing)}, case.reps))
     finally:
         torch.set_num_threads(threads)
+    variants = {"eager": (lambda: case.fn(*cpu_in), nothing, nothing)}
     if case.fork is not None:
-        res["jit_fork"] = measure(lambda: case.fork(*cpu_in), case.reps)
+        variants["jit_fork"] = (lambda: case.fork(*cpu_in), nothing, nothing)
     if not quick and case.compile_ok:
         try:
             compiled = torch.compile(case.fn)
-            res["compile"] = measure(lambda: compiled(*cpu_in), case.reps)
+            compiled(*cpu_in)  # compiles here, so that a failure is reported, not hidden
+            variants["compile"] = (lambda: compiled(*cpu_in), nothing, nothing)
         except Exception as e:  # report, do not hide
             res["compile_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+    if not capture_only:
+        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, nothing)
+    res.update(measure_interleaved(variants, case.reps))
     if capture_only:
         def capture():
             out = case.fn(*mg_in)
@@ -119,7 +147,6 @@ def run_case(case, quick):
         torch_mgpu.set_async_ops(saved_async)
         res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
     else:
-        res["mgpu"] = measure(lambda: mgpu_sync(case.fn(*mg_in)), case.reps)
         # The simulator plans what is pending: capture the whole workload
         # without background execution.
         saved_async = torch_mgpu.async_ops()
@@ -198,7 +225,9 @@ def main():
         f"- mgpu lanes: {', '.join(lanes)}; policy {torch_mgpu.policy()}",
         f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
         "",
-        "Times in ms: median (min..max) of the repetitions after 5 warm-up runs. Speed-up is over eager",
+        "Times in ms: median (min..max) of the repetitions after 5 warm-up runs; the variants of a case run",
+        "round-robin (eager, jit.fork, torch.compile, mgpu, then again; eager with 1 thread in a block of its own),",
+        "so that changes in the machine's speed hit them alike. Speed-up is over eager",
         "with default threads (higher is better). Peak MiB: growth of peak RSS during the timed runs.",
         "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded).",
         "",
