@@ -124,28 +124,25 @@ def run_case(case, quick):
             variants["compile"] = (lambda: compiled(*cpu_in), nothing, nothing)
         except Exception as e:  # report, do not hide
             res["compile_error"] = f"{type(e).__name__}: {str(e)[:80]}"
-    if not capture_only:
-        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, nothing)
-    res.update(measure_interleaved(variants, case.reps))
+    saved_async = torch_mgpu.async_ops()
     if capture_only:
-        def capture():
-            out = case.fn(*mg_in)
-            return out
-        # Time the recording only; the sync runs outside the timed region
-        # (and no flight runs during it: background execution is off).
-        saved_async = torch_mgpu.async_ops()
+        # Time the recording only: the sync runs untimed after each run (and
+        # no flight runs during it: background execution is off).
+        recorded = []
         torch_mgpu.set_async_ops(0)
-        times = []
-        for i in range(case.reps + 5):
-            t = time.perf_counter()
-            out = capture()
-            dt = time.perf_counter() - t
+
+        def sync_recorded():
             torch_mgpu.synchronize()
-            del out
-            if i >= 5:
-                times.append(dt)
+            recorded.clear()
+        variants["mgpu"] = (lambda: recorded.append(case.fn(*mg_in)), nothing, sync_recorded)
+    else:
+        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, nothing)
+    try:
+        res.update(measure_interleaved(variants, case.reps))
+    finally:
         torch_mgpu.set_async_ops(saved_async)
-        res["mgpu"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "peak_mib": 0.0}
+    if capture_only:
+        res["mgpu"]["peak_mib"] = 0.0
     else:
         # The simulator plans what is pending: capture the whole workload
         # without background execution.
