@@ -3,15 +3,12 @@
 // to the storages, then report the first error if an op raised.
 #include "capture/capture.h"
 #include "engine/engine.h"
+#include "engine/execution.h"
 #include "runtime/calibrate.h"
 #include "runtime/lanes.h"
 #include "stats.h"
 
-#include <ATen/record_function.h>
-
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <thread>
 
 #include <algorithm>
@@ -252,67 +249,27 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   return s;
 }
 
-} // namespace engine
-
-namespace capture {
-
-namespace {
-int64_t& max_pending_slot() {
-  static int64_t n = [] {
-    const char* e = std::getenv("TORCH_MGPU_MAX_PENDING");
-    return e ? std::max<int64_t>(1, std::atoll(e)) : int64_t{100000};
-  }();
-  return n;
+void Execution::run() {
+  auto t0 = clock::now();
+  g = ir::build_graph(roots);
+  auto t1 = clock::now();
+  plan = plan_for(g);
+  counters().syncs++;
+  auto t2 = clock::now();
+  result = runtime::execute(g, *plan, config().places);
+  record = engine::describe(g, *plan, &result);
+  auto t3 = clock::now();
+  counters().sync_graph_us += micros(t0, t1);
+  counters().sync_plan_us += micros(t1, t2);
+  counters().sync_execute_us += micros(t2, t3);
+  ran = true;
 }
-} // namespace
-
-int64_t max_pending_ops() { return max_pending_slot(); }
-void set_max_pending_ops(int64_t n) {
-  TORCH_CHECK(n > 0, "max_pending_ops must be positive, got ", n);
-  max_pending_slot() = n;
-}
-
-namespace {
-
-using clock = std::chrono::steady_clock;
-int64_t micros(clock::time_point a, clock::time_point b) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
-}
-
-// One execution of a graph: built, planned and run either by the sync
-// itself (a foreground sync) or by the background worker (a flight).
-struct Execution {
-  std::vector<ir::Value> roots;  // the live pending values when it started
-  ir::Graph g;
-  std::shared_ptr<const plan::Plan> plan;
-  runtime::ExecResult result;
-  std::shared_ptr<const engine::PlanRecord> record;  // for last_plan()
-  bool ran = false;  // graph built, planned and executed
-
-  void run() {
-    using namespace engine;
-    auto t0 = clock::now();
-    g = ir::build_graph(roots);
-    auto t1 = clock::now();
-    plan = plan_for(g);
-    counters().syncs++;
-    auto t2 = clock::now();
-    result = runtime::execute(g, *plan, config().places);
-    record = engine::describe(g, *plan, &result);
-    auto t3 = clock::now();
-    counters().sync_graph_us += micros(t0, t1);
-    counters().sync_plan_us += micros(t1, t2);
-    counters().sync_execute_us += micros(t2, t3);
-    ran = true;
-  }
-};
 
 // Binds an execution's results: each root value becomes the Data (or Error)
 // leaf it resolved to, in the live storages that hold it and in the nodes
 // recorded since it started (a flight runs while capture goes on, and new
 // nodes may read its roots). Under state_mutex(), with nothing running.
 void bind(Execution& e) {
-  using namespace engine;
   auto t0 = clock::now();
   const ir::Graph& g = e.g;
   const auto& index = g.index;
@@ -358,174 +315,43 @@ void bind(Execution& e) {
   counters().sync_bind_us += micros(t0, clock::now());
 }
 
-// The background worker: runs one flight at a time. A waiting capture
-// thread holds state_mutex(); the worker never takes it, and binding is done
-// by whoever waits (see finish_flight).
-class Worker {
- public:
-  static Worker& instance() {
-    static auto* w = new Worker();  // leaked: it may be needed during exit
-    return *w;
-  }
-  void launch(std::shared_ptr<Execution> e) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      job_ = std::move(e);
-      done_ = false;
-      finished_.store(false);
-      ticket_.fetch_add(1);
-    }
-    cv_.notify_one();
-  }
-  bool finished() const { return finished_.load(std::memory_order_acquire); }
-  void wait() {
-    // A flight is short: spin for it before sleeping (waking a sleeping
-    // thread costs tens to hundreds of microseconds on a virtual machine).
-    auto until = clock::now() + std::chrono::nanoseconds(spin_ns_ * 4);
-    uint32_t step = 0;
-    while (!finished_.load(std::memory_order_acquire) && ((step & 63u) != 0 || clock::now() < until))
-      runtime::spin_pause(step);
-    std::unique_lock<std::mutex> lock(m_);
-    done_cv_.wait(lock, [&] { return done_; });
-  }
-
- private:
-  Worker() {
-    const char* spin = std::getenv("TORCH_MGPU_SPIN_US");
-    spin_ns_ = (spin ? std::atoll(spin) : 300) * 1000;
-    thread_ = std::thread([this] { loop(); });
-    thread_.detach();
-    // C++ programs that exit with a flight running wait for it first.
-    std::atexit([] { Worker::instance().wait(); });
-  }
-  void loop() {
-    uint64_t seen = 0;
-    while (true) {
-      // Spin briefly before sleeping: flights come in quick succession.
-      auto until = clock::now() + std::chrono::nanoseconds(spin_ns_);
-      uint32_t step = 0;
-      while (ticket_.load() == seen && ((step & 63u) != 0 || clock::now() < until)) runtime::spin_pause(step);
-      std::shared_ptr<Execution> e;
-      {
-        std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return ticket_.load() != seen; });
-        seen = ticket_.load();
-        e = std::move(job_);  // the worker keeps nothing once done
-      }
-      try {
-        e->run();
-      } catch (...) {
-        e->ran = false;  // planning failed: the nodes stay pending for the next sync
-      }
-      e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        done_ = true;
-        finished_.store(true, std::memory_order_release);
-      }
-      done_cv_.notify_all();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_, done_cv_;
-  std::shared_ptr<Execution> job_;
-  std::atomic<uint64_t> ticket_{0};
-  bool done_ = true;
-  std::atomic<bool> finished_{true};  // done_, readable without the lock
-  int64_t spin_ns_ = 300000;
-  std::thread thread_;
-};
-
-// Background execution state. Guarded by state_mutex().
-struct Background {
-  std::shared_ptr<Execution> flight;   // running or finished, not yet bound
-  std::exception_ptr error;            // first error of a bound flight, for the next sync
-  int64_t since_flush = 0;             // ops recorded since the last flush
-  bool blocked = false;                // a pending node must not run in the background
-  int64_t threshold = [] {
-    const char* e = std::getenv("TORCH_MGPU_ASYNC_OPS");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
-  }();
-};
-Background& background() {
-  static auto* b = new Background();
-  return *b;
-}
-
-// Waits for the flight, if any, and binds its results.
-void finish_flight() {
-  auto& bg = background();
-  if (!bg.flight) return;
-  if (runtime::in_forked_child()) {
-    // Forked while a flight ran: its worker is gone, and nothing of it was
-    // bound here. Its nodes are still pending; the next sync runs them.
-    bg.flight.reset();
-    return;
-  }
-  auto t0 = clock::now();
-  Worker::instance().wait();
-  counters().background_wait_us += micros(t0, clock::now());
-  auto e = std::move(bg.flight);
-  bg.flight.reset();
-  if (!e->ran) return;
-  bind(*e);
-  if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
-}
-
 std::vector<ir::Value> pending_roots() {
   std::vector<ir::Value> roots;
-  for (auto* b : engine::collect()) roots.push_back(b->value);
+  for (auto* b : collect()) roots.push_back(b->value);
   return roots;
 }
 
+} // namespace engine
+
+namespace capture {
+
+namespace {
+int64_t& max_pending_slot() {
+  static int64_t n = [] {
+    const char* e = std::getenv("TORCH_MGPU_MAX_PENDING");
+    return e ? std::max<int64_t>(1, std::atoll(e)) : int64_t{100000};
+  }();
+  return n;
+}
 } // namespace
 
-int64_t async_ops() {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
-  return background().threshold;
-}
-
-void set_async_ops(int64_t n) {
-  TORCH_CHECK(n >= 0, "async_ops must be >= 0 (0 turns background execution off), got ", n);
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
-  background().threshold = n;
-}
-
-void recorded(bool background_safe) {
-  auto& bg = background();
-  if (!background_safe) bg.blocked = true;
-  if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold || runtime::in_forked_child()) return;
-  // Not under a profiler (its records belong to the lanes of a sync), and
-  // not while a pending op draws from a global generator or may run Python
-  // (the waiting thread holds the GIL).
-  if (bg.blocked || at::hasCallbacks()) return;
-  // Flights start every `threshold` ops whatever the timing (a busy worker
-  // makes capture wait), so the same program cuts the same graphs and the
-  // plan cache hits.
-  bg.since_flush = 0;
-  finish_flight();
-  auto e = std::make_shared<Execution>();
-  e->roots = pending_roots();
-  if (e->roots.empty()) return;
-  bg.flight = e;
-  counters().background_flushes++;
-  Worker::instance().launch(std::move(e));
+int64_t max_pending_ops() { return max_pending_slot(); }
+void set_max_pending_ops(int64_t n) {
+  TORCH_CHECK(n > 0, "max_pending_ops must be positive, got ", n);
+  max_pending_slot() = n;
 }
 
 void sync_all() {
   std::lock_guard<std::recursive_mutex> lock(state_mutex());
-  auto& bg = background();
-  finish_flight();
-  bg.since_flush = 0;
-  bg.blocked = false;  // everything pending runs now
-  Execution e;
-  e.roots = pending_roots();
+  engine::finish_flight();  // a flight binds first: the sync computes what is still pending
+  engine::Execution e;
+  e.roots = engine::pending_roots();
   if (!e.roots.empty()) {
     e.run();
-    bind(e);
+    engine::bind(e);
   }
-  std::exception_ptr error = bg.error ? bg.error : e.result.first_error;
-  bg.error = nullptr;
+  std::exception_ptr error = engine::take_background_error();  // it happened first
+  if (!error) error = e.result.first_error;
   if (error) std::rethrow_exception(error);
 }
 

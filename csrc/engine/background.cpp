@@ -1,0 +1,190 @@
+// Background execution: every `async_ops()` recorded ops the pending graph
+// becomes a flight, built, planned and executed by a background worker while
+// capture goes on; the next flush or sync waits for it and binds it.
+#include "capture/capture.h"
+#include "engine/execution.h"
+#include "runtime/lanes.h"
+#include "stats.h"
+
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+namespace torch_mgpu {
+namespace engine {
+namespace {
+
+// The background worker: runs one flight at a time. A waiting capture
+// thread holds state_mutex(); the worker never takes it, and binding is done
+// by whoever waits (see finish_flight).
+class Worker {
+ public:
+  static Worker& instance() {
+    static auto* w = new Worker();  // leaked: it may be needed during exit
+    return *w;
+  }
+  void launch(std::shared_ptr<Execution> e) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = std::move(e);
+      done_ = false;
+      finished_.store(false);
+      ticket_.fetch_add(1);
+    }
+    cv_.notify_one();
+  }
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  void wait() {
+    // A flight is short: spin for it before sleeping (waking a sleeping
+    // thread costs tens to hundreds of microseconds on a virtual machine).
+    auto until = clock::now() + std::chrono::nanoseconds(spin_ns_ * 4);
+    uint32_t step = 0;
+    while (!finished_.load(std::memory_order_acquire) && ((step & 63u) != 0 || clock::now() < until))
+      runtime::spin_pause(step);
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+ private:
+  Worker() {
+    const char* spin = std::getenv("TORCH_MGPU_SPIN_US");
+    spin_ns_ = (spin ? std::atoll(spin) : 300) * 1000;
+    thread_ = std::thread([this] { loop(); });
+    thread_.detach();
+    // C++ programs that exit with a flight running wait for it first.
+    std::atexit([] { Worker::instance().wait(); });
+  }
+  void loop() {
+    uint64_t seen = 0;
+    while (true) {
+      // Spin briefly before sleeping: flights come in quick succession.
+      auto until = clock::now() + std::chrono::nanoseconds(spin_ns_);
+      uint32_t step = 0;
+      while (ticket_.load() == seen && ((step & 63u) != 0 || clock::now() < until)) runtime::spin_pause(step);
+      std::shared_ptr<Execution> e;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return ticket_.load() != seen; });
+        seen = ticket_.load();
+        e = std::move(job_);  // the worker keeps nothing once done
+      }
+      try {
+        e->run();
+      } catch (...) {
+        e->ran = false;  // planning failed: the nodes stay pending for the next sync
+      }
+      e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        done_ = true;
+        finished_.store(true, std::memory_order_release);
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::shared_ptr<Execution> job_;
+  std::atomic<uint64_t> ticket_{0};
+  bool done_ = true;
+  std::atomic<bool> finished_{true};  // done_, readable without the lock
+  int64_t spin_ns_ = 300000;
+  std::thread thread_;
+};
+
+// Background execution state. Guarded by state_mutex().
+struct Background {
+  std::shared_ptr<Execution> flight;   // running or finished, not yet bound
+  std::exception_ptr error;            // first error of a bound flight, for the next sync
+  int64_t since_flush = 0;             // ops recorded since the last flush
+  bool blocked = false;                // a pending node must not run in the background
+  int64_t threshold = [] {
+    const char* e = std::getenv("TORCH_MGPU_ASYNC_OPS");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
+  }();
+};
+Background& background() {
+  static auto* b = new Background();
+  return *b;
+}
+
+// Waits for the flight, if any, and binds its results.
+} // namespace
+
+void finish_flight() {
+  auto& bg = background();
+  if (!bg.flight) return;
+  if (runtime::in_forked_child()) {
+    // Forked while a flight ran: its worker is gone, and nothing of it was
+    // bound here. Its nodes are still pending; the next sync runs them.
+    bg.flight.reset();
+    return;
+  }
+  auto t0 = clock::now();
+  Worker::instance().wait();
+  counters().background_wait_us += micros(t0, clock::now());
+  auto e = std::move(bg.flight);
+  bg.flight.reset();
+  if (!e->ran) return;
+  bind(*e);
+  if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
+}
+
+
+std::exception_ptr take_background_error() {
+  auto& bg = background();
+  bg.since_flush = 0;
+  bg.blocked = false;  // the sync runs everything pending
+  std::exception_ptr e = bg.error;
+  bg.error = nullptr;
+  return e;
+}
+
+} // namespace engine
+
+namespace capture {
+
+using engine::background;
+using engine::finish_flight;
+using engine::Worker;
+
+
+int64_t async_ops() {
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  return background().threshold;
+}
+
+void set_async_ops(int64_t n) {
+  TORCH_CHECK(n >= 0, "async_ops must be >= 0 (0 turns background execution off), got ", n);
+  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  background().threshold = n;
+}
+
+void recorded(bool background_safe) {
+  auto& bg = background();
+  if (!background_safe) bg.blocked = true;
+  if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold || runtime::in_forked_child()) return;
+  // Not under a profiler (its records belong to the lanes of a sync), and
+  // not while a pending op draws from a global generator or may run Python
+  // (the waiting thread holds the GIL).
+  if (bg.blocked || at::hasCallbacks()) return;
+  // Flights start every `threshold` ops whatever the timing (a busy worker
+  // makes capture wait), so the same program cuts the same graphs and the
+  // plan cache hits.
+  bg.since_flush = 0;
+  finish_flight();
+  auto e = std::make_shared<engine::Execution>();
+  e->roots = engine::pending_roots();
+  if (e->roots.empty()) return;
+  bg.flight = e;
+  counters().background_flushes++;
+  Worker::instance().launch(std::move(e));
+}
+
+} // namespace capture
+} // namespace torch_mgpu

@@ -1,0 +1,45 @@
+#pragma once
+// One execution of the pending graph, shared by the foreground sync
+// (sync.cpp) and background flights (background.cpp). Internal.
+#include "engine/engine.h"
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <vector>
+
+namespace torch_mgpu::engine {
+
+using clock = std::chrono::steady_clock;
+inline int64_t micros(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+}
+
+// One execution of a graph: built, planned and run either by the sync
+// itself (a foreground sync) or by the background worker (a flight).
+struct Execution {
+  std::vector<ir::Value> roots;  // the live pending values when it started
+  ir::Graph g;
+  std::shared_ptr<const plan::Plan> plan;
+  runtime::ExecResult result;
+  std::shared_ptr<const PlanRecord> record;  // for last_plan()
+  bool ran = false;  // graph built, planned and executed
+
+  void run();  // build, plan (cached), execute, describe
+};
+
+// Binds an execution's results (see sync.cpp). Under state_mutex(), with
+// nothing running.
+void bind(Execution& e);
+// The live pending values, in creation order (a program builds the same
+// graph every time).
+std::vector<ir::Value> pending_roots();
+
+// Background execution (background.cpp), under state_mutex().
+// Waits for the running flight, if any, and binds it.
+void finish_flight();
+// After a sync ran everything pending: restarts the flush count and returns
+// the first error of a flight bound since the last sync (once).
+std::exception_ptr take_background_error();
+
+} // namespace torch_mgpu::engine
