@@ -38,7 +38,6 @@ class Worker {
     }
     cv_.notify_one();
   }
-  bool finished() const { return finished_.load(std::memory_order_acquire); }
   void wait() {
     // A flight is short: spin for it before sleeping (waking a sleeping
     // thread costs tens to hundreds of microseconds on a virtual machine).
@@ -113,7 +112,6 @@ Background& background() {
   return *b;
 }
 
-// Waits for the flight, if any, and binds its results.
 } // namespace
 
 void finish_flight() {
@@ -135,7 +133,6 @@ void finish_flight() {
   if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
 }
 
-
 std::exception_ptr take_background_error() {
   auto& bg = background();
   bg.since_flush = 0;
@@ -152,7 +149,6 @@ namespace capture {
 using engine::background;
 using engine::finish_flight;
 using engine::Worker;
-
 
 int64_t async_ops() {
   std::lock_guard<std::recursive_mutex> lock(state_mutex());

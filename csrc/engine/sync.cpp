@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torch_mgpu {
 
@@ -46,12 +47,10 @@ std::vector<capture::LazyBuffer*> collect() {
 // The value a storage ends with when the node making it did not run: an
 // in-place write that failed leaves the storage as it was before the op
 // (when that earlier version survives); anything else becomes an error.
-ir::Value resolve(ir::Value v, const ir::Graph& g, const std::unordered_map<const ir::Node*, int>& index,
-                  const runtime::ExecResult& res, const plan::Plan& p) {
+ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& res, const plan::Plan& p) {
   while (true) {
-    auto it = index.find(v.node.get());
-    if (it == index.end()) return v;  // materialized before this sync
-    int i = it->second;
+    const int i = g.find(v.node.get());
+    if (i < 0) return v;  // materialized before this sync
     if (res.status[i] == runtime::Status::Ok) {
       auto s = res.values[i][v.index];
       TORCH_INTERNAL_ASSERT(static_cast<bool>(s), "mgpu: a result was freed before binding");
@@ -138,16 +137,20 @@ struct Config {
       for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
       if (devices.empty()) devices.push_back("cpu");
     }
-    set(devices, l ? std::atoi(l) : default_lanes(devices));
+    set(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)));
     if (p) policy = p;
   }
   static int default_lanes(const std::vector<std::string>& devices) {
     if (!devices.empty() && devices[0].rfind("cuda", 0) == 0) return kStreamsPerDevice;
     return std::max(1, host_cores() / static_cast<int>(devices.size()));
   }
-  void set(const std::vector<std::string>& devices, int lanes) {
+  // A topology for `devices`, refused (with a clear error) if this machine lacks them.
+  static plan::Topology checked_topology(const std::vector<std::string>& devices, int lanes) {
     auto t = plan::make_topology(devices, lanes, host_cores());
     check_devices(t);
+    return t;
+  }
+  void set(plan::Topology t) {
     places = runtime::make_places(t);
     topo = std::move(t);
   }
@@ -209,9 +212,9 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   std::vector<std::string> devs = devices.empty() ? c.topo.devices : devices;
   int lanes = lanes_per_device > 0 ? lanes_per_device : c.topo.lanes_per_device;
   if (!devices.empty() && lanes_per_device <= 0) lanes = Config::default_lanes(devs);
-  check_devices(plan::make_topology(devs, lanes, host_cores()));  // refuse before running anything
+  auto topo = Config::checked_topology(devs, lanes);  // refused before anything runs
   capture::sync_all();  // pending work runs where it was planned to
-  c.set(devs, lanes);
+  c.set(std::move(topo));
   if (!policy.empty()) c.policy = policy;
   std::lock_guard<std::mutex> plans_lock(plans_mutex());
   c.plans.clear();
@@ -272,12 +275,12 @@ void Execution::run() {
 void bind(Execution& e) {
   auto t0 = clock::now();
   const ir::Graph& g = e.g;
-  const auto& index = g.index;
+  auto in_graph = [&](const ir::Value& v) { return g.find(v.node.get()) >= 0; };
   // (node, output) -> leaf, for every root
   std::map<std::pair<const ir::Node*, int>, ir::Value> leaf;
   for (const auto& r : g.roots)
-    if (index.count(r.node.get()) && !leaf.count({r.node.get(), r.index}))
-      leaf.emplace(std::make_pair(r.node.get(), r.index), resolve(r, g, index, e.result, *e.plan));
+    if (in_graph(r) && !leaf.count({r.node.get(), r.index}))
+      leaf.emplace(std::make_pair(r.node.get(), r.index), resolve(r, g, e.result, *e.plan));
   auto leaf_of = [&](const ir::Value& v) -> ir::Value {
     auto it = leaf.find({v.node.get(), v.index});
     if (it != leaf.end()) return it->second;
@@ -286,14 +289,10 @@ void bind(Execution& e) {
     return ir::Value{ir::make_error("mgpu: a value computed in the background was not kept", v.node->outputs[v.index].nbytes), 0};
   };
   std::vector<ir::Node*> newer;  // pending nodes outside the graph
-  std::unordered_map<const ir::Node*, bool> seen;
+  std::unordered_set<const ir::Node*> seen;
   for (auto* b : capture::pending_buffers()) {
-    if (index.count(b->value.node.get())) {
-      b->value = leaf_of(b->value);
-    } else if (!seen.count(b->value.node.get())) {
-      seen[b->value.node.get()] = true;
-      newer.push_back(b->value.node.get());
-    }
+    if (in_graph(b->value)) b->value = leaf_of(b->value);
+    else if (seen.insert(b->value.node.get()).second) newer.push_back(b->value.node.get());
   }
   // Nodes recorded since the execution started read its roots: point them
   // at the leaves. Walks only nodes outside the graph.
@@ -302,12 +301,8 @@ void bind(Execution& e) {
     newer.pop_back();
     for (auto& v : n->operands) {
       if (!v.node) continue;
-      if (index.count(v.node.get())) {
-        v = leaf_of(v);
-      } else if (v.node->is_pending() && !seen.count(v.node.get())) {
-        seen[v.node.get()] = true;
-        newer.push_back(v.node.get());
-      }
+      if (in_graph(v)) v = leaf_of(v);
+      else if (v.node->is_pending() && seen.insert(v.node.get()).second) newer.push_back(v.node.get());
     }
   }
   last_plan_slot() = e.record;

@@ -14,7 +14,6 @@
 #include <condition_variable>
 #include <map>
 #include <tuple>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <unordered_map>

@@ -69,7 +69,7 @@ at::Tensor bytes_of(const c10::Storage& s) {
 void zero(const c10::Storage& s) {
   if (!s.nbytes()) return;
   if (s.device().is_cpu()) {
-    std::memset(const_cast<void*>(s.data()), 0, s.nbytes());
+    std::memset(s.mutable_data(), 0, s.nbytes());
     return;
   }
   c10::DeviceGuard guard(s.device());
