@@ -310,6 +310,7 @@ struct OpInfo {
   bool random = false;         // takes a Generator
   bool empty_factory = false;
   bool host_indices = false;   // indexing: indices come from the host
+  bool aten = false;           // an aten op (others may have Python kernels)
 };
 const OpInfo& op_info(const c10::OperatorHandle& op) {
   static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
@@ -327,6 +328,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.random = has_generator_arg(schema);
   info.empty_factory = is_empty_factory(op);
   info.host_indices = host_indices.count(schema.name()) > 0;
+  info.aten = n.rfind("aten::", 0) == 0;
   return infos->emplace(&schema, info).first->second;
 }
 
@@ -472,7 +474,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   node->hash();  // memoized now, on the recording thread, not at the sync
   // Ops outside aten may have Python kernels (custom ops), which need the
   // GIL; seeded ops borrow the global generator while they run.
-  const bool background_safe = !node->seed && node->name.rfind("aten::", 0) == 0;
+  const bool background_safe = !node->seed && info.aten;
 
   torch::jit::drop(*stack, nargs);
   size_t next = 0;
