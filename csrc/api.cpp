@@ -64,6 +64,7 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
       e.start = rec->timing[i].start;
       e.end = rec->timing[i].end;
     }
+    if (i < rec->fused.size()) e.fused = rec->fused[i];
     if (i < rec->predicted_start.size()) {
       e.predicted_start = rec->predicted_start[i];
       e.predicted_end = rec->predicted_end[i];

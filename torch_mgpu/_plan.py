@@ -7,7 +7,8 @@ class Plan:
 
     `str(plan)` lists the nodes and lanes, `.to_dot()` gives graphviz,
     `.lanes` the lane names, `.predicted_makespan` / `.measured_makespan`
-    seconds, `.timeline()` per-node dicts {node, op, lane, start, end}.
+    seconds, `.timeline()` per-node dicts {node, op, lane, start, end,
+    fused}, `.fused_nodes` how many nodes ran inside fused pointwise passes.
     """
 
     def __init__(self, record: dict):
@@ -19,10 +20,13 @@ class Plan:
         self.graph_hash = record["graph_hash"]
         self.lanes_used = record["lanes_used"]
         self.transfers = record["transfers"]
+        self.fused_nodes = sum(1 for e in record["timeline"] if e["fused"] >= 0)
 
     def timeline(self) -> list:
         """Per node: {node, op, lane, start, end} measured (seconds from the
-        start of execution) and predicted_start / predicted_end."""
+        start of execution), predicted_start / predicted_end, and `fused`:
+        the pointwise group the node ran in as one pass (-1: it ran alone;
+        a group's measured time is shared out evenly over its nodes)."""
         return [dict(e) for e in self._r["timeline"]]
 
     def busy_lanes(self) -> set:
@@ -51,13 +55,15 @@ class Plan:
             f"Plan: {len(self)} nodes on {self.lanes_used} of {len(self.lanes)} lane(s) "
             f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)",
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "
-            f"measured {self.measured_makespan * 1e3:.3f} ms",
+            f"measured {self.measured_makespan * 1e3:.3f} ms"
+            + (f", {self.fused_nodes} node(s) fused" if self.fused_nodes else ""),
         ]
         for e in self.timeline():
             lines.append(
                 f"  %{e['node']:<4} {e['op']:<32} {e['lane']:<14} "
                 f"{e['start'] * 1e3:9.3f} .. {e['end'] * 1e3:9.3f} ms "
                 f"(predicted {e['predicted_start'] * 1e3:.3f} .. {e['predicted_end'] * 1e3:.3f})"
+                + (f" fused#{e['fused']}" if e["fused"] >= 0 else "")
             )
         return "\n".join(lines)
 

@@ -18,6 +18,7 @@ struct PlanRecord {
   std::vector<int> lane_of;
   std::vector<runtime::NodeTiming> timing;  // measured (empty when simulated)
   std::vector<double> predicted_start, predicted_end;
+  std::vector<int> fused;                   // per node: its pointwise group, -1 (empty when simulated)
   std::string policy;
   int lanes_used = 1;
   int transfers = 0;

@@ -76,6 +76,7 @@ std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, co
     rec->timing = r->timing;
     rec->measured_makespan = r->makespan;
   }
+  rec->fused = p.fusion.group_of;
   rec->predicted_start = p.predicted_start;
   rec->predicted_end = p.predicted_end;
   rec->policy = p.policy;
@@ -166,17 +167,23 @@ std::mutex& plans_mutex() {
   return m;
 }
 
+// A plan to run: placement, then pointwise fusion along each lane.
+std::shared_ptr<const plan::Plan> runnable(const ir::Graph& g, plan::Plan p) {
+  if (plan::fusion_enabled()) p.fusion = plan::fuse(g, p.lane_order);
+  return std::make_shared<const plan::Plan>(std::move(p));
+}
+
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto& c = config();
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
-    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, c.topo, cost_model()));
+    return runnable(g, plan::make_serial_plan(g, c.topo, cost_model()));
   std::lock_guard<std::mutex> lock(plans_mutex());
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
     counters().plan_cache_hits++;
     return it->second;
   }
-  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy));
+  auto p = runnable(g, plan::make_plan(g, c.topo, cost_model(), c.policy));
   counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
   c.plans.emplace(g.hash, p);

@@ -5,6 +5,7 @@
 // scheduler), "auto" (chain clustering + list scheduling, kept only where
 // it is predicted to beat one lane; never worse than heft by prediction).
 #include "ir/graph.h"
+#include "plan/fusion.h"
 #include "plan/topology.h"
 
 #include <string>
@@ -20,6 +21,9 @@ struct Plan {
   // reuse[i][k]: node i may write operand k in place (it is that value's
   // only reader), instead of writing a copy.
   std::vector<std::vector<bool>> reuse;
+  // Runs of elementwise ops on a lane that execute as one pass (filled
+  // by the sync for the plans it runs; empty: every node runs alone).
+  Fusion fusion;
   int lanes_used = 1;
   int threads_per_lane = 1;
   int transfers = 0;                          // edges that cross devices

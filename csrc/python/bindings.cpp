@@ -33,6 +33,7 @@ py::object plan_dict(const torch_mgpu::LastPlan& p) {
     x["end"] = e.end;
     x["predicted_start"] = e.predicted_start;
     x["predicted_end"] = e.predicted_end;
+    x["fused"] = e.fused;
     tl.append(x);
   }
   d["timeline"] = tl;

@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 
 #include "runtime/lanes.h"
+#include "runtime/pointwise.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -383,17 +384,112 @@ struct Run {
     } else {
       res.values[i] = std::move(out);
       res.status[i] = Status::Ok;
-      // Free each graph value this node was the last to read.
-      for (size_t k = 0; k < node.operands.size(); ++k) {
-        const ir::Value& v = node.operands[k];
-        const int d = producer[operand_at[i] + k];
-        if (d < 0) continue;
-        if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index]) {
-          res.values[d][v.index] = c10::Storage();
-          if (!copies.empty())
-            for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
+      release_operands(i);
+    }
+    lock.unlock();
+    if (parallel) cv.notify_all();
+  }
+
+  // Frees each graph value node i was the last to read. Under the lock.
+  void release_operands(int i) {
+    const ir::Node& node = *g.nodes[i];
+    for (size_t k = 0; k < node.operands.size(); ++k) {
+      const ir::Value& v = node.operands[k];
+      const int d = producer[operand_at[i] + k];
+      if (d < 0) continue;
+      if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index]) {
+        res.values[d][v.index] = c10::Storage();
+        if (!copies.empty())
+          for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
+      }
+    }
+  }
+
+  // Runs a fused group (plan/fusion.h) as one pass on a CPU lane. When an
+  // input is missing (an op before it failed) its steps run one by one, so
+  // that each reports as an unfused node would.
+  void run_group(int lane, const plan::FusedGroup& grp) {
+    const Place& place = places[lane];
+    const int id = p.fusion.group_of[grp.steps[0].node];
+    auto outside = [&](int d) { return p.fusion.group_of[d] != id; };
+    auto one_by_one = [&] {
+      for (const auto& s : grp.steps) run_one(lane, s.node);
+    };
+    std::unique_lock<std::mutex> lock(m);
+    if (parallel) {
+      cv.wait(lock, [&] {
+        for (const auto& s : grp.steps)
+          for (int d : g.deps[s.node])
+            if (outside(d) && res.status[d] == Status::NotRun) return false;
+        return true;
+      });
+    }
+    const size_t elem = c10::elementSize(grp.dtype);
+    std::vector<c10::Storage> held;  // keeps the external bytes alive
+    std::vector<const void*> external;
+    held.reserve(grp.externals.size());
+    external.reserve(grp.externals.size());
+    for (const auto& e : grp.externals) {
+      const ir::Node& node = *g.nodes[e.node];
+      const auto& ref = *node.args[e.arg].tensors[0];
+      const ir::Value& v = node.operands[ref.operand];
+      const int d = producer[operand_at[e.node] + ref.operand];
+      bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
+      c10::Storage bytes;
+      if (!missing) {
+        try {
+          bytes = operand(v, d, lane, lock);
+        } catch (const std::exception&) {
+          missing = true;
         }
       }
+      if (missing) {
+        lock.unlock();
+        held.clear();
+        one_by_one();
+        return;
+      }
+      external.push_back(static_cast<const char*>(bytes.data()) + ref.geom.offset * elem);
+      held.push_back(std::move(bytes));
+    }
+    lock.unlock();
+    const double start = now();
+    std::vector<c10::Storage> outputs(grp.steps.size());
+    std::vector<void*> out(grp.steps.size(), nullptr);
+    std::exception_ptr error;
+    std::string message;
+    try {
+      RECORD_FUNCTION("mgpu::fused_pointwise", std::vector<c10::IValue>());
+      for (size_t k = 0; k < grp.steps.size(); ++k) {
+        if (!grp.steps[k].materialize) continue;
+        outputs[k] = allocate(g.nodes[grp.steps[k].node]->outputs[0].nbytes, place.device);
+        out[k] = outputs[k].mutable_data();
+      }
+      run_pointwise(g, grp, external, out);
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      message = e.what();
+    }
+    held.clear();
+    const double end = now();
+    const double each = (end - start) / static_cast<double>(grp.steps.size());
+    lock.lock();
+    for (size_t k = 0; k < grp.steps.size(); ++k) {
+      const int i = grp.steps[k].node;
+      // Per-node times: the group's time shared out evenly.
+      res.timing[i] = NodeTiming{lane, start + each * static_cast<double>(k), start + each * static_cast<double>(k + 1)};
+      if (error) {
+        fail(i, Status::Failed, error, message);
+        continue;
+      }
+      res.values[i] = {std::move(outputs[k])};
+      res.status[i] = Status::Ok;
+    }
+    if (error) {
+      counters().execution_errors++;
+    } else {
+      for (const auto& s : grp.steps) release_operands(s.node);
+      counters().ops_executed += static_cast<int64_t>(grp.steps.size());
     }
     lock.unlock();
     if (parallel) cv.notify_all();
@@ -405,7 +501,18 @@ struct Run {
     const Place& place = places[l];
     std::optional<c10::StreamGuard> guard;
     if (place.streams) guard.emplace(place.stream);
-    for (int i : p.lane_order[l]) run_one(l, i);
+    const auto& order = p.lane_order[l];
+    const auto& f = p.fusion;
+    const bool fuse = !f.group_at.empty() && place.device.is_cpu();
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int grp = fuse ? f.group_at[order[k]] : -1;
+      if (grp < 0) {
+        run_one(l, order[k]);
+        continue;
+      }
+      run_group(l, f.groups[grp]);
+      k += f.groups[grp].steps.size() - 1;  // its steps are the next nodes of the lane
+    }
     if (place.streams) place.stream.synchronize();
   }
 };

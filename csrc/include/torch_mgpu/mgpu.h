@@ -45,6 +45,7 @@ struct TimelineEntry {
   std::string lane;
   double start, end;  // measured, seconds from the start of execution
   double predicted_start, predicted_end;
+  int fused = -1;  // the pointwise group it ran in as one pass, -1: alone
 };
 
 // The plan of the last executed graph.

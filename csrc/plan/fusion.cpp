@@ -1,0 +1,226 @@
+#include "plan/fusion.h"
+
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
+namespace torch_mgpu::plan {
+namespace {
+
+struct OpSpec {
+  PointwiseOp op;
+  int arity;        // tensor-or-scalar inputs: args 0 .. arity-1
+  bool alpha;       // a third argument that must be 1
+};
+
+std::optional<OpSpec> spec_of(std::string_view name) {
+  if (name == "aten::add.Tensor" || name == "aten::add.Scalar") return OpSpec{PointwiseOp::Add, 2, true};
+  if (name == "aten::sub.Tensor" || name == "aten::sub.Scalar") return OpSpec{PointwiseOp::Sub, 2, true};
+  if (name == "aten::mul.Tensor" || name == "aten::mul.Scalar") return OpSpec{PointwiseOp::Mul, 2, false};
+  if (name == "aten::div.Tensor" || name == "aten::div.Scalar") return OpSpec{PointwiseOp::Div, 2, false};
+  if (name == "aten::neg") return OpSpec{PointwiseOp::Neg, 1, false};
+  return std::nullopt;
+}
+
+bool contiguous(const ir::TensorGeometry& g) {
+  int64_t expected = 1;
+  for (int d = static_cast<int>(g.sizes.size()) - 1; d >= 0; --d) {
+    if (g.sizes[d] != 1 && g.strides[d] != expected) return false;
+    expected *= g.sizes[d];
+  }
+  return true;
+}
+
+int64_t numel(const ir::TensorGeometry& g) {
+  int64_t n = 1;
+  for (auto s : g.sizes) n *= s;
+  return n;
+}
+
+// A host number the op converts to the result's dtype: a Python number
+// (wrapped 0-dim tensor), a 0-dim CPU tensor, or a Scalar; real, not bool.
+bool real_constant(const c10::IValue& v) {
+  if (v.isDouble() || v.isInt()) return true;
+  if (!v.isTensor()) return false;
+  const auto& t = v.toTensor();
+  if (!t.defined() || t.dim() != 0 || !t.device().is_cpu()) return false;
+  auto st = t.scalar_type();
+  return c10::isFloatingType(st) || c10::isIntegralType(st, /*includeBool=*/false);
+}
+
+bool is_one(const c10::IValue& v) {
+  return (v.isInt() && v.toInt() == 1) || (v.isDouble() && v.toDouble() == 1.0);
+}
+
+// A tensor argument read elementwise in the output's layout.
+bool elementwise_ref(const ir::Arg& a, const ir::TensorGeometry& out) {
+  if (a.kind != ir::Arg::Kind::Tensor || a.tensors.size() != 1 || !a.tensors[0]) return false;
+  const auto& geom = a.tensors[0]->geom;
+  return geom.dtype == out.dtype && geom.sizes == out.sizes && contiguous(geom) && !geom.conj && !geom.neg;
+}
+
+// Whether node n is fusable; fills op and arity, and marks constant inputs
+// (tensor inputs are resolved when the node joins a group).
+bool fusable(const ir::Node& n, PointwiseStep& s) {
+  if (n.kind != ir::NodeKind::Op || n.seed || n.outputs.size() != 1) return false;
+  const auto& out = n.outputs[0];
+  if (out.mutated_operand >= 0 || out.returned != 0) return false;
+  const auto& geom = out.geom;
+  if (geom.dtype != c10::ScalarType::Float && geom.dtype != c10::ScalarType::Double) return false;
+  if (geom.offset != 0 || geom.conj || geom.neg || !contiguous(geom)) return false;
+  auto spec = spec_of(n.name);
+  if (!spec) return false;
+  const size_t want_args = static_cast<size_t>(spec->arity) + (spec->alpha ? 1 : 0);
+  if (n.args.size() != want_args) return false;
+  // alpha is fused only when it is 1: a + 1 * b rounds once, whatever the
+  // kernel (ATen's vector loop uses a fused multiply-add for alpha).
+  if (spec->alpha && (n.args[2].kind != ir::Arg::Kind::Constant || !is_one(n.args[2].constant))) return false;
+  s.op = spec->op;
+  s.arity = spec->arity;
+  int tensors = 0;
+  for (int k = 0; k < spec->arity; ++k) {
+    const auto& a = n.args[k];
+    if (a.kind == ir::Arg::Kind::Constant) {
+      if (!real_constant(a.constant)) return false;
+      s.in[k] = PointwiseInput{PointwiseInput::Kind::Constant, k};
+    } else {
+      if (!elementwise_ref(a, geom)) return false;
+      s.in[k] = PointwiseInput{PointwiseInput::Kind::External, k};  // resolved on joining
+      ++tensors;
+    }
+  }
+  return tensors > 0;
+}
+
+struct Builder {
+  const ir::Graph& g;
+  Fusion& f;
+  std::vector<int> pos;  // per node: step position in the open group, -1 outside
+  FusedGroup open;
+  int first = -1;        // graph index of the open group's first (and earliest) node
+
+  Builder(const ir::Graph& graph, Fusion& fusion) : g(graph), f(fusion), pos(graph.size(), -1) {}
+
+  void close() {
+    for (const auto& s : open.steps) pos[s.node] = -1;
+    if (open.steps.size() >= 2) {
+      const int id = static_cast<int>(f.groups.size());
+      for (const auto& s : open.steps) f.group_of[s.node] = id;
+      f.group_at[open.steps[0].node] = id;
+      f.fused_nodes += static_cast<int>(open.steps.size());
+      f.groups.push_back(std::move(open));
+    }
+    open = FusedGroup();
+    first = -1;
+  }
+
+  // Tries to append node i (fusable, step `s`) to the open group.
+  bool join(int i, PointwiseStep s) {
+    const auto& n = *g.nodes[i];
+    const auto& geom = n.outputs[0].geom;
+    if (!open.steps.empty() && (geom.dtype != open.dtype || numel(geom) != open.numel)) return false;
+    // The first node stays the group's earliest in topological order, so
+    // "before the first node" means "no descendant of any member".
+    if (!open.steps.empty() && i < first) return false;
+    std::vector<FusedExternal> ext;
+    for (int k = 0; k < s.arity; ++k) {
+      if (s.in[k].kind == PointwiseInput::Kind::Constant) continue;
+      const auto& ref = *n.args[k].tensors[0];
+      const auto& v = n.operands[ref.operand];
+      const int d = g.find(v.node.get());
+      if (d >= 0 && pos[d] >= 0 && ref.geom.offset == 0) {
+        s.in[k] = PointwiseInput{PointwiseInput::Kind::Step, pos[d]};
+        continue;
+      }
+      // Read from outside: a graph node must precede the group's start.
+      if (d >= 0 && !open.steps.empty() && d >= first) return false;
+      s.in[k] = PointwiseInput{PointwiseInput::Kind::External, static_cast<int>(open.externals.size() + ext.size())};
+      ext.push_back(FusedExternal{i, k});
+    }
+    if (open.steps.empty()) {
+      open.dtype = geom.dtype;
+      open.numel = numel(geom);
+      first = i;
+    }
+    s.node = i;
+    pos[i] = static_cast<int>(open.steps.size());
+    open.steps.push_back(s);
+    open.externals.insert(open.externals.end(), ext.begin(), ext.end());
+    return true;
+  }
+};
+
+// Which steps are materialized, and scratch slots for the others (a slot
+// is free again after its value's last read in the group).
+void assign_slots(const ir::Graph& g, const Fusion& f, int id, FusedGroup& grp) {
+  std::vector<char> root(g.size(), 0);
+  for (const auto& r : g.roots) {
+    const int d = g.find(r.node.get());
+    if (d >= 0) root[d] = 1;
+  }
+  const int n = static_cast<int>(grp.steps.size());
+  std::vector<int> last_use(n, -1);
+  for (int k = 0; k < n; ++k) {
+    auto& s = grp.steps[k];
+    s.materialize = root[s.node] != 0;
+    for (int u : g.users[s.node])
+      if (f.group_of[u] != id) s.materialize = true;
+    for (int a = 0; a < s.arity; ++a)
+      if (s.in[a].kind == PointwiseInput::Kind::Step) last_use[s.in[a].index] = k;
+  }
+  std::vector<int> free_slots, slot_of(n, -1);
+  for (int k = 0; k < n; ++k) {
+    // Values last read by this step give their slots back first: a step
+    // may write the block it reads (elementwise, same index).
+    for (int j = 0; j < k; ++j)
+      if (slot_of[j] >= 0 && last_use[j] == k) {
+        free_slots.push_back(slot_of[j]);
+        slot_of[j] = -1;
+      }
+    auto& s = grp.steps[k];
+    if (s.materialize) continue;
+    if (free_slots.empty()) free_slots.push_back(grp.slots++);
+    s.slot = free_slots.back();
+    free_slots.pop_back();
+    slot_of[k] = s.slot;
+    if (last_use[k] < 0) {  // read by nobody (cannot happen in a graph built from roots)
+      free_slots.push_back(s.slot);
+      slot_of[k] = -1;
+    }
+  }
+}
+
+} // namespace
+
+bool fusion_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_MGPU_FUSION");
+    return !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
+
+Fusion fuse(const ir::Graph& g, const std::vector<std::vector<int>>& lane_order) {
+  Fusion f;
+  f.group_at.assign(g.size(), -1);
+  f.group_of.assign(g.size(), -1);
+  Builder b(g, f);
+  for (const auto& order : lane_order) {
+    for (int i : order) {
+      PointwiseStep s;
+      if (!fusable(*g.nodes[i], s)) {
+        b.close();
+        continue;
+      }
+      if (!b.join(i, s)) {
+        b.close();
+        b.join(i, s);  // a group of its own, always possible
+      }
+    }
+    b.close();
+  }
+  for (int id = 0; id < static_cast<int>(f.groups.size()); ++id) assign_slots(g, f, id, f.groups[id]);
+  return f;
+}
+
+} // namespace torch_mgpu::plan

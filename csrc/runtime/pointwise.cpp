@@ -1,0 +1,130 @@
+// Compiled with -ffp-contract=off (CMakeLists.txt): each step is one IEEE
+// operation per element, rounded once, as in ATen's kernels.
+#include "runtime/pointwise.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/DynamicCast.h>
+
+#include <algorithm>
+
+namespace torch_mgpu::runtime {
+namespace {
+
+constexpr int64_t kBlock = 1024;       // elements per block: a few slots stay in L1
+constexpr int64_t kGrain = 32768;      // elements per intra-op task (ATen's grain size)
+
+// A host number converted to T as ATen converts a CPU scalar operand.
+template <typename T>
+T constant_as(const c10::IValue& v) {
+  if (v.isDouble()) return static_cast<T>(v.toDouble());
+  if (v.isInt()) return static_cast<T>(v.toInt());
+  const auto& t = v.toTensor();
+  return c10::fetch_and_cast<T>(t.scalar_type(), t.const_data_ptr());
+}
+
+// One input of a step for one block: a pointer, or a constant.
+template <typename T>
+struct In {
+  const T* p = nullptr;
+  T c = T(0);
+};
+
+template <typename T, typename F>
+void binary(T* d, In<T> a, In<T> b, int64_t n, F f) {
+  if (a.p && b.p) {
+    for (int64_t j = 0; j < n; ++j) d[j] = f(a.p[j], b.p[j]);
+  } else if (a.p) {
+    const T c = b.c;
+    for (int64_t j = 0; j < n; ++j) d[j] = f(a.p[j], c);
+  } else if (b.p) {
+    const T c = a.c;
+    for (int64_t j = 0; j < n; ++j) d[j] = f(c, b.p[j]);
+  } else {
+    const T r = f(a.c, b.c);
+    std::fill(d, d + n, r);
+  }
+}
+
+template <typename T>
+void step(plan::PointwiseOp op, T* d, In<T> a, In<T> b, int64_t n) {
+  switch (op) {
+    case plan::PointwiseOp::Add:
+      binary(d, a, b, n, [](T x, T y) { return x + y; });
+      break;
+    case plan::PointwiseOp::Sub:
+      binary(d, a, b, n, [](T x, T y) { return x - y; });
+      break;
+    case plan::PointwiseOp::Mul:
+      binary(d, a, b, n, [](T x, T y) { return x * y; });
+      break;
+    case plan::PointwiseOp::Div:
+      binary(d, a, b, n, [](T x, T y) { return x / y; });
+      break;
+    case plan::PointwiseOp::Neg:
+      if (a.p) {
+        for (int64_t j = 0; j < n; ++j) d[j] = -a.p[j];
+      } else {
+        std::fill(d, d + n, -a.c);
+      }
+      break;
+  }
+}
+
+template <typename T>
+void run_typed(const ir::Graph& g, const plan::FusedGroup& grp, const std::vector<const void*>& external,
+               const std::vector<void*>& out) {
+  const size_t n = grp.steps.size();
+  // Constants, once per execution (their values change from run to run).
+  std::vector<T> constants(2 * n, T(0));
+  for (size_t k = 0; k < n; ++k) {
+    const auto& s = grp.steps[k];
+    for (int a = 0; a < s.arity; ++a)
+      if (s.in[a].kind == plan::PointwiseInput::Kind::Constant)
+        constants[2 * k + a] = constant_as<T>(g.nodes[s.node]->args[s.in[a].index].constant);
+  }
+  at::parallel_for(0, grp.numel, kGrain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<char> scratch_bytes;
+    const size_t need = static_cast<size_t>(grp.slots) * kBlock * sizeof(T);
+    if (scratch_bytes.size() < need) scratch_bytes.resize(need);
+    T* scratch = reinterpret_cast<T*>(scratch_bytes.data());
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int64_t len = std::min(kBlock, end - b);
+      auto where = [&](size_t k) -> T* {
+        const auto& s = grp.steps[k];
+        return s.materialize ? static_cast<T*>(out[k]) + b : scratch + s.slot * kBlock;
+      };
+      for (size_t k = 0; k < n; ++k) {
+        const auto& s = grp.steps[k];
+        In<T> in[2];
+        for (int a = 0; a < s.arity; ++a) {
+          switch (s.in[a].kind) {
+            case plan::PointwiseInput::Kind::Constant:
+              in[a].c = constants[2 * k + a];
+              break;
+            case plan::PointwiseInput::Kind::Step:
+              in[a].p = where(static_cast<size_t>(s.in[a].index));
+              break;
+            case plan::PointwiseInput::Kind::External:
+              in[a].p = static_cast<const T*>(external[s.in[a].index]) + b;
+              break;
+          }
+        }
+        step<T>(s.op, where(k), in[0], in[1], len);
+      }
+    }
+  });
+}
+
+} // namespace
+
+void run_pointwise(const ir::Graph& g, const plan::FusedGroup& grp, const std::vector<const void*>& external,
+                   const std::vector<void*>& out) {
+  if (grp.dtype == c10::ScalarType::Double) {
+    run_typed<double>(g, grp, external, out);
+  } else {
+    TORCH_INTERNAL_ASSERT(grp.dtype == c10::ScalarType::Float, "mgpu: fused group of unexpected dtype");
+    run_typed<float>(g, grp, external, out);
+  }
+}
+
+} // namespace torch_mgpu::runtime

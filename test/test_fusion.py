@@ -1,0 +1,240 @@
+"""Pointwise fusion: runs of elementwise arithmetic on a lane execute as one
+pass. Results must equal eager PyTorch bitwise; what is not fusable runs as
+before."""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_mgpu
+
+
+@pytest.fixture
+def no_async():
+    saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    yield
+    torch_mgpu.set_async_ops(saved)
+
+
+@pytest.fixture
+def lanes_config():
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    yield
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=len(before[0]), policy=before[1])
+
+
+def exact(got, want):
+    """Bitwise equal, NaNs included."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def run_both(fn, *inputs):
+    want = fn(*inputs)
+    got = fn(*[t.to("mgpu") for t in inputs])
+    if isinstance(want, torch.Tensor):
+        want, got = (want,), (got,)
+    got = [g.cpu() for g in got]
+    for g, w in zip(got, want):
+        exact(g, w)
+    return torch_mgpu.last_plan()
+
+
+def scalar_mix(x, y):
+    a = x * 1.0001 + 0.0001       # Python float scalars (wrapped numbers)
+    b = 2 - a                     # scalar first (rsub)
+    c = b / y - x * 3             # int scalar, tensor / tensor
+    d = -c / 7.5
+    e = d * torch.tensor(0.3, dtype=torch.float64) + torch.tensor(2)  # 0-dim CPU tensors
+    return e / (a * a + 1.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 64, 1000, 3 * 1024 + 5, 100_003])
+def test_fused_chain_equals_eager_bitwise(no_async, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g, dtype=dtype)
+    y = torch.randn(n, generator=g, dtype=dtype)
+    plan = run_both(scalar_mix, x, y)
+    assert plan.fused_nodes == len(plan)  # all of it ran as one pass
+    assert all(e["fused"] == 0 for e in plan.timeline())
+
+
+def test_shapes_and_special_values(no_async):
+    x = torch.randn(3, 5, 7)
+    x[0, 0, :4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")])
+    y = torch.randn(3, 5, 7)
+    y[0, 0, :3] = 0.0
+    plan = run_both(lambda a, b: (a / b) * 2 - (-a) / 0.0 + b, x, y)
+    assert plan.fused_nodes == len(plan)
+
+
+def test_long_chain_is_one_pass(no_async):
+    def chain(x):
+        for _ in range(300):
+            x = x * 1.0001
+            x = x + 0.0001
+        return x
+    plan = run_both(chain, torch.randn(64))
+    assert plan.fused_nodes == 600 and len(plan) == 600
+
+
+def test_intermediates_read_elsewhere_are_kept(no_async):
+    def f(x, y):
+        a = x * 2 + 1          # read by tanh below: materialized
+        b = a * a - y
+        c = torch.tanh(a)      # not fusable: ends the run
+        d = b / 3 + c          # a second run reads b and c
+        return d, b
+    plan = run_both(f, torch.randn(40, 40), torch.randn(40, 40))
+    ops = [e["op"] for e in plan.timeline()]
+    assert "aten::tanh" in ops
+    assert plan.fused_nodes >= 4
+    assert all(e["fused"] == -1 for e in plan.timeline() if e["op"] == "aten::tanh")
+
+
+def test_a_root_in_the_middle_of_a_run(no_async):
+    x = torch.randn(100)
+    xm = x.to("mgpu")
+    a = xm * 3
+    b = a + 1
+    c = b * b
+    exact(c.cpu(), (x * 3 + 1) * (x * 3 + 1))
+    assert torch_mgpu.last_plan().fused_nodes == 3
+    exact(a.cpu(), x * 3)          # kept: a live tensor
+    exact(b.cpu(), x * 3 + 1)
+
+
+def test_not_fusable_runs_alone_and_correct(no_async):
+    x = torch.randn(16, 16)
+    h = torch.randn(16, 16).half()
+    i = torch.randint(-5, 5, (16, 16))
+    cases = [
+        (lambda a: torch.add(a, a * 2, alpha=0.5) * 3, x),  # alpha != 1 (eager uses fma): only the mul fuses
+        (lambda a: a.t() * 2 + 1, x),                       # non-contiguous input of the first op
+        (lambda a: a * a[0] + 1, x),                        # broadcast
+        (lambda a: a * 2 + 1, h),                           # half
+        (lambda a: a * 2 + 1, i),                           # integers
+        (lambda a: a / 2 + 1, i),                           # int -> float promotion
+        (lambda a: a.clone().mul_(2).add_(1), x),           # in place
+    ]
+    for fn, t in cases:
+        plan = run_both(fn, t)
+        assert plan.fused_nodes == 0, (plan, fn)
+
+
+def test_tensor_constants_follow_their_values_with_a_cached_plan(no_async):
+    x = torch.randn(256)
+    xm = x.to("mgpu")
+    hits = torch_mgpu.stats()["plan_cache_hits"]
+    for step in range(4):
+        lr = torch.tensor(0.1 * (step + 1), dtype=torch.float64)
+        exact((xm * lr + 1).cpu(), x * lr + 1)
+    assert torch_mgpu.stats()["plan_cache_hits"] - hits >= 3
+    assert torch_mgpu.last_plan().fused_nodes == 2
+
+
+def test_failed_input_surfaces_and_later_work_runs(no_async):
+    x = torch.randn(8, 8)
+    xm = x.to("mgpu")
+    bad = xm.index_select(0, torch.tensor([0, 100]).to("mgpu"))
+    y = bad * 2 + 1
+    with pytest.raises((IndexError, RuntimeError), match="index"):
+        y.cpu()
+    exact((xm * 2 + 1).cpu(), x * 2 + 1)
+    assert torch_mgpu.last_plan().fused_nodes == 2
+
+
+def test_branches_on_lanes_and_virtual_devices(no_async, lanes_config):
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(5000, generator=g) for _ in range(4)]
+
+    def f(*xs):
+        outs = [x * 0.5 - 1 for x in xs]
+        outs = [o * o / 3 + x for o, x in zip(outs, xs)]
+        return outs[0] + outs[1] * outs[2] - outs[3]
+    for devices, lanes in [(["cpu"], 2), (["cpu", "cpu"], 1), (["cpu", "cpu"], 2)]:
+        for policy in ["serial", "heft", "auto"]:
+            torch_mgpu.configure(devices=devices, lanes_per_device=lanes, policy=policy)
+            plan = run_both(f, *xs)
+            assert plan.fused_nodes > 0
+
+
+def random_pointwise_program(rng, n_inputs, n_ops):
+    ops = [(rng.choice(["add", "sub", "mul", "div", "neg", "scalar", "rscalar", "tanh", "t"]),
+            rng.randrange(10 ** 6), rng.randrange(10 ** 6), rng.uniform(-3, 3)) for _ in range(n_ops)]
+
+    def run(inputs):
+        pool = list(inputs)
+        for kind, a, b, c in ops:
+            x, y = pool[a % len(pool)], pool[b % len(pool)]
+            if kind == "add":
+                pool.append(x + y)
+            elif kind == "sub":
+                pool.append(x - y)
+            elif kind == "mul":
+                pool.append(x * y)
+            elif kind == "div":
+                pool.append(x / (y * y + 0.5))
+            elif kind == "neg":
+                pool.append(-x)
+            elif kind == "scalar":
+                pool.append(x * c + 0.25)
+            elif kind == "rscalar":
+                pool.append(c / (x * x + 1) - 1)
+            elif kind == "tanh":
+                pool.append(torch.tanh(x))
+            else:
+                pool.append(x.t().contiguous())
+        return pool[len(inputs):]
+    return run
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_pointwise_dags_equal_eager_bitwise(lanes_config, seed):
+    rng = random.Random(seed)
+    torch_mgpu.configure(devices=rng.choice([["cpu"], ["cpu", "cpu"]]), lanes_per_device=rng.choice([1, 2, 3]),
+                         policy=rng.choice(["serial", "heft", "auto"]))
+    saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(rng.choice([0, 0, 5, 17]))
+    try:
+        program = random_pointwise_program(rng, 3, rng.randrange(10, 60))
+        g = torch.Generator().manual_seed(seed)
+        inputs = [torch.randn(24, 24, generator=g, dtype=rng.choice([torch.float32, torch.float64]))
+                  for _ in range(3)]
+        inputs = [t.to(inputs[0].dtype) for t in inputs]
+        want = program(inputs)
+        got = program([t.to("mgpu") for t in inputs])
+        for w, m in zip(want, got):
+            exact(m.cpu(), w)
+    finally:
+        torch_mgpu.set_async_ops(saved)
+
+
+def test_fusion_can_be_turned_off():
+    code = (
+        "import torch, torch_mgpu\n"
+        "torch_mgpu.set_async_ops(0)\n"
+        "x = torch.randn(64)\n"
+        "y = (x.to('mgpu') * 3 + 1) / 2\n"
+        "assert torch.equal(y.cpu(), (x * 3 + 1) / 2)\n"
+        "print(torch_mgpu.last_plan().fused_nodes)\n"
+    )
+    outs = {}
+    for flag in ["0", "1"]:
+        env = dict(os.environ, TORCH_MGPU_FUSION=flag)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs[flag] = int(r.stdout.strip().splitlines()[-1])
+    assert outs == {"0": 0, "1": 3}
+
+
+def test_profiler_shows_a_fused_pass(no_async):
+    x = torch.randn(64).to("mgpu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (x * 2 + 1).cpu()
+    assert any(e.name == "mgpu::fused_pointwise" for e in prof.events())
