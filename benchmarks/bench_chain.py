@@ -1,4 +1,8 @@
-"""Workload 6: a linear chain of 1,000 small elementwise ops (pure overhead)."""
+"""Workload 6: linear chains of 1,000 small ops (pure overhead).
+
+`chain` is elementwise arithmetic, which mgpu fuses into one pass per lane;
+`chain_unfused` alternates a multiply with tanh, so nothing fuses and every
+op runs as its own call (the per-op cost of capture and execution)."""
 import torch
 
 from common import Case, gen
@@ -11,7 +15,14 @@ def chain(x):
     return x
 
 
+def chain_unfused(x):
+    for _ in range(500):
+        x = torch.tanh(x * 1.0001)
+    return x
+
+
 def cases(quick):
     def make(device):
         return (torch.randn(64, generator=gen(8)).to(device),)
-    return [Case("chain", "1000 small ops", make, chain, None, reps=5 if quick else 9)]
+    return [Case("chain", "1000 small ops", make, chain, None, reps=5 if quick else 9),
+            Case("chain", "1000 small ops, unfusable", make, chain_unfused, None, reps=5 if quick else 9)]

@@ -169,7 +169,7 @@ std::mutex& plans_mutex() {
 
 // A plan to run: placement, then pointwise fusion along each lane.
 std::shared_ptr<const plan::Plan> runnable(const ir::Graph& g, plan::Plan p) {
-  if (plan::fusion_enabled()) p.fusion = plan::fuse(g, p.lane_order);
+  if (plan::fusion_enabled()) plan::apply_fusion(g, config().topo, cost_model(), p);
   return std::make_shared<const plan::Plan>(std::move(p));
 }
 

@@ -61,6 +61,16 @@ void compute_reuse(const ir::Graph& g, Plan& p) {
   }
 }
 
+void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+  p.fusion = fuse(g, p.lane_order);
+  if (p.fusion.groups.empty()) return;
+  std::vector<Work> work(g.size());
+  for (size_t i = 0; i < g.size(); ++i) work[i] = estimate_work(*g.nodes[i]);
+  for (const auto& grp : p.fusion.groups)
+    for (size_t k = 1; k < grp.steps.size(); ++k) work[grp.steps[k].node].fused = true;
+  simulate(g, t, cm, work, p);
+}
+
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
   std::vector<Work> work(g.size());
   for (size_t i = 0; i < g.size(); ++i) work[i] = estimate_work(*g.nodes[i]);

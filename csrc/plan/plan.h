@@ -52,6 +52,11 @@ Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& plan);
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work, Plan& plan);
 
+// Fuses runs of elementwise ops along the plan's lanes (plan/fusion.h) and
+// predicts the timeline again: a fused step after a group's first costs its
+// arithmetic only. Runnable plans only; simulate() predicts unfused work.
+void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& plan);
+
 // Fills `reuse`: a write may reuse its input bytes only when the writer is
 // that version's only reader and the version is not wanted after the sync.
 void compute_reuse(const ir::Graph& g, Plan& plan);

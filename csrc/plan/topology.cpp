@@ -121,6 +121,7 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
   double speedup = 1.0;
   if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
   double compute = w.flops / (rate * speedup);
+  if (w.fused) return compute;
   double memory = w.bytes / (cm.bytes_per_s * (threads > 1 && w.flops >= cm.parallel_min_flops ? speedup : 1.0));
   return cm.op_overhead_s + std::max(compute, memory);
 }

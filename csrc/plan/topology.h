@@ -51,6 +51,7 @@ struct Work {
   double bytes = 0;   // read + written
   bool gemm = false;  // runs at GEMM rates
   bool transcendental = false;  // tanh, exp, ...: slower per element
+  bool fused = false;  // a later step of a fused pointwise pass: no call of its own, its block in cache
 };
 
 // A node's work, from its op name and argument geometries.
