@@ -50,7 +50,7 @@ def scalar_mix(x, y):
     c = b / y - x * 3             # int scalar, tensor / tensor
     d = -c / 7.5
     e = d * torch.tensor(0.3, dtype=torch.float64) + torch.tensor(2)  # 0-dim CPU tensors
-    return e / (a * a + 1.5)
+    return (e / (a * a + 1.5)).relu() - e
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -71,6 +71,19 @@ def test_shapes_and_special_values(no_async):
     y[0, 0, :3] = 0.0
     plan = run_both(lambda a, b: (a / b) * 2 - (-a) / 0.0 + b, x, y)
     assert plan.fused_nodes == len(plan)
+
+
+def test_relu_keeps_signed_zeros_and_nans(no_async):
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), -float("nan"), 1e-40, -1e-40])
+    x = torch.cat([special, torch.randn(100)])
+
+    def f(a):
+        return torch.relu(a * 1.0), torch.relu(a - 0.0) * -1.0, -torch.relu(-a)
+    plan = run_both(f, x)
+    assert plan.fused_nodes == len(plan)
+    got = [t.cpu() for t in f(x.to("mgpu"))]
+    for g, w in zip(got, f(x)):  # the sign bits too (0.0 == -0.0 for assert_close)
+        assert torch.equal(torch.signbit(g), torch.signbit(w))
 
 
 def test_long_chain_is_one_pass(no_async):

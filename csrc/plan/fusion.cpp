@@ -19,6 +19,7 @@ std::optional<OpSpec> spec_of(std::string_view name) {
   if (name == "aten::mul.Tensor" || name == "aten::mul.Scalar") return OpSpec{PointwiseOp::Mul, 2, false};
   if (name == "aten::div.Tensor" || name == "aten::div.Scalar") return OpSpec{PointwiseOp::Div, 2, false};
   if (name == "aten::neg") return OpSpec{PointwiseOp::Neg, 1, false};
+  if (name == "aten::relu") return OpSpec{PointwiseOp::Relu, 1, false};
   return std::nullopt;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Pointwise fusion: runs of elementwise arithmetic (add, sub, mul, div,
-// neg) that follow one another on a lane become one pass over the elements,
+// neg, relu) that follow one another on a lane become one pass over the elements,
 // block by block, instead of one ATen call and one full-size result per op.
 // Only ops whose result is one correctly rounded IEEE operation per element
 // are fused, in float32 or float64 on contiguous tensors of one size, so a
@@ -20,7 +20,7 @@
 
 namespace torch_mgpu::plan {
 
-enum class PointwiseOp : uint8_t { Add, Sub, Mul, Div, Neg };
+enum class PointwiseOp : uint8_t { Add, Sub, Mul, Div, Neg, Relu };
 
 struct PointwiseInput {
   enum class Kind : uint8_t { Step, External, Constant };

@@ -45,6 +45,15 @@ void binary(T* d, In<T> a, In<T> b, int64_t n, F f) {
   }
 }
 
+template <typename T, typename F>
+void unary(T* d, In<T> a, int64_t n, F f) {
+  if (a.p) {
+    for (int64_t j = 0; j < n; ++j) d[j] = f(a.p[j]);
+  } else {
+    std::fill(d, d + n, f(a.c));
+  }
+}
+
 template <typename T>
 void step(plan::PointwiseOp op, T* d, In<T> a, In<T> b, int64_t n) {
   switch (op) {
@@ -61,11 +70,11 @@ void step(plan::PointwiseOp op, T* d, In<T> a, In<T> b, int64_t n) {
       binary(d, a, b, n, [](T x, T y) { return x / y; });
       break;
     case plan::PointwiseOp::Neg:
-      if (a.p) {
-        for (int64_t j = 0; j < n; ++j) d[j] = -a.p[j];
-      } else {
-        std::fill(d, d + n, -a.c);
-      }
+      unary(d, a, n, [](T x) { return -x; });
+      break;
+    case plan::PointwiseOp::Relu:
+      // ATen's relu is clamp_min(x, 0): NaN stays NaN, -0.0 stays -0.0.
+      unary(d, a, n, [](T x) { return x < T(0) ? T(0) : x; });
       break;
   }
 }
