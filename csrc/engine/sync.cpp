@@ -167,23 +167,21 @@ std::mutex& plans_mutex() {
   return m;
 }
 
-// A plan to run: placement, then pointwise fusion along each lane.
-std::shared_ptr<const plan::Plan> runnable(const ir::Graph& g, plan::Plan p) {
-  if (plan::fusion_enabled()) plan::apply_fusion(g, config().topo, cost_model(), p);
-  return std::make_shared<const plan::Plan>(std::move(p));
-}
+// Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
+// stream lanes run every node alone.
+bool fused_lanes() { return plan::fusion_enabled() && !config().topo.cuda; }
 
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto& c = config();
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
-    return runnable(g, plan::make_serial_plan(g, c.topo, cost_model()));
+    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, c.topo, cost_model(), fused_lanes()));
   std::lock_guard<std::mutex> lock(plans_mutex());
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
     counters().plan_cache_hits++;
     return it->second;
   }
-  auto p = runnable(g, plan::make_plan(g, c.topo, cost_model(), c.policy));
+  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy, fused_lanes()));
   counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
   c.plans.emplace(g.hash, p);

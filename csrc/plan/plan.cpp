@@ -61,14 +61,14 @@ void compute_reuse(const ir::Graph& g, Plan& p) {
   }
 }
 
-void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
+void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                  Plan& p) {
   p.fusion = fuse(g, p.lane_order);
   if (p.fusion.groups.empty()) return;
-  std::vector<Work> work(g.size());
-  for (size_t i = 0; i < g.size(); ++i) work[i] = estimate_work(*g.nodes[i]);
+  std::vector<Work> fused = work;
   for (const auto& grp : p.fusion.groups)
-    for (size_t k = 1; k < grp.steps.size(); ++k) work[grp.steps[k].node].fused = true;
-  simulate(g, t, cm, work, p);
+    for (size_t k = 1; k < grp.steps.size(); ++k) fused[grp.steps[k].node].fused = true;
+  simulate(g, t, cm, fused, p);
 }
 
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& p) {
@@ -289,44 +289,51 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
 
 namespace {
 
-Plan serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh) {
+// Every candidate ends here: the simulated timeline, then (for a plan that
+// will run fused) fusion and the timeline again.
+void finish(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh, bool fuse, Plan& p) {
+  finish_plan(g, t, cm, sh.e.work, sh.reuse, p);
+  if (fuse) apply_fusion(g, t, cm, sh.e.work, p);
+}
+
+Plan serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh, bool fuse) {
   Plan p;
   p.policy = "serial";
   p.lane_of.assign(g.size(), 0);
   p.lane_order.assign(t.lanes.size(), {});
   for (size_t i = 0; i < g.size(); ++i) p.lane_order[0].push_back(static_cast<int>(i));
-  finish_plan(g, t, cm, sh.e.work, sh.reuse, p);
+  finish(g, t, cm, sh, fuse, p);
   return p;
 }
 
-Plan heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh) {
+Plan heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const Shared& sh, bool fuse) {
   Plan p = list_schedule(g, t, cm, node_tasks(g, sh.e, cm, t.threads_per_lane(static_cast<int>(t.lanes.size()))));
   p.policy = "heft";
-  finish_plan(g, t, cm, sh.e.work, sh.reuse, p);
+  finish(g, t, cm, sh, fuse, p);
   return p;
 }
 
 } // namespace
 
-Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
-  return serial_plan(g, t, cm, Shared(g, t, cm));
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
+  return serial_plan(g, t, cm, Shared(g, t, cm), fuse);
 }
 
-Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
-  return heft_plan(g, t, cm, Shared(g, t, cm));
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
+  return heft_plan(g, t, cm, Shared(g, t, cm), fuse);
 }
 
-Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
   Shared sh(g, t, cm);
-  Plan serial = serial_plan(g, t, cm, sh);
+  Plan serial = serial_plan(g, t, cm, sh, fuse);
   if (t.lanes.size() == 1 || g.size() < 2) {
     serial.policy = "auto";
     return serial;
   }
   int threads = t.threads_per_lane(static_cast<int>(t.lanes.size()));
   Plan chains = list_schedule(g, t, cm, chain_tasks(g, sh.e, cm, threads));
-  finish_plan(g, t, cm, sh.e.work, sh.reuse, chains);
-  Plan heft = heft_plan(g, t, cm, sh);
+  finish(g, t, cm, sh, fuse, chains);
+  Plan heft = heft_plan(g, t, cm, sh, fuse);
   // The best parallel prediction, kept only if it beats one lane by a
   // margin (predictions are estimates; one lane has no wake-up cost).
   Plan* best = chains.predicted_makespan <= heft.predicted_makespan ? &chains : &heft;
@@ -335,11 +342,11 @@ Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm) 
   return std::move(*best);
 }
 
-Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy) {
-  if (policy == "serial") return make_serial_plan(g, t, cm);
-  if (policy == "heft") return make_heft_plan(g, t, cm);
+Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy, bool fuse) {
+  if (policy == "serial") return make_serial_plan(g, t, cm, fuse);
+  if (policy == "heft") return make_heft_plan(g, t, cm, fuse);
   TORCH_CHECK(policy == "auto", "torch_mgpu: unknown policy '", policy, "' (expected 'serial', 'heft' or 'auto')");
-  return make_auto_plan(g, t, cm);
+  return make_auto_plan(g, t, cm, fuse);
 }
 
 } // namespace torch_mgpu::plan

@@ -41,10 +41,13 @@ struct Estimate {
 };
 Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm);
 
-Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy);
-Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
-Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
-Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm);
+// `fuse`: the plan will run on CPU lanes with pointwise fusion; each
+// candidate is fused (apply_fusion) before the predictions are compared.
+Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy,
+               bool fuse = false);
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
 
 // Predicts the plan's timeline with the cost model (event simulation: a
 // node starts when its lane is free and its inputs have arrived); fills the
@@ -54,8 +57,9 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
 
 // Fuses runs of elementwise ops along the plan's lanes (plan/fusion.h) and
 // predicts the timeline again: a fused step after a group's first costs its
-// arithmetic only. Runnable plans only; simulate() predicts unfused work.
-void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& plan);
+// arithmetic only. `work`: estimate_work of each node.
+void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                  Plan& plan);
 
 // Fills `reuse`: a write may reuse its input bytes only when the writer is
 // that version's only reader and the version is not wanted after the sync.

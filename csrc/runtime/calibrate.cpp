@@ -18,7 +18,10 @@ namespace {
 template <typename F>
 double median_seconds(F&& f, int reps) {
   std::vector<double> t;
-  f();  // warm-up
+  // Warm-up: the first few calls of an op with megabyte outputs pay page
+  // faults (fresh mmap'd memory) until the allocator keeps such blocks,
+  // 10-20x the steady cost; the steady cost is what the plans run at.
+  for (int w = 0; w < 3; ++w) f();
   for (int r = 0; r < reps; ++r) {
     auto a = std::chrono::steady_clock::now();
     f();
@@ -41,12 +44,16 @@ plan::CostModel calibrate_cpu(int cores) {
   set_thread_parallelism(1);
   double t_big1 = median_seconds([&] { at::mm(big, big); }, 5);
   double t_small = median_seconds([&] { at::mm(small, small); }, 9);
-  double t_vec = median_seconds([&] { at::add(vec, vec); }, 7);
-  double t_tanh = median_seconds([&] { at::tanh(vec); }, 5);
+  // Elementwise rates into a preallocated output: a fresh megabyte output
+  // costs page faults or not depending on the allocator's history in this
+  // process (up to 20x), which made plans differ from run to run.
+  auto out = at::empty_like(vec);
+  double t_vec = median_seconds([&] { at::add_out(out, vec, vec); }, 7);
+  double t_tanh = median_seconds([&] { at::tanh_out(out, vec); }, 5);
   double t_tiny = median_seconds([&] { at::add(tiny, tiny); }, 31);
   set_thread_parallelism(cores);
   double t_big_n = median_seconds([&] { at::mm(big, big); }, 5);
-  double t_vec_n = median_seconds([&] { at::add(vec, vec); }, 7);
+  double t_vec_n = median_seconds([&] { at::add_out(out, vec, vec); }, 7);
   set_thread_parallelism(restore);
 
   const double big_flops = 2.0 * 384 * 384 * 384, small_flops = 2.0 * 128 * 128 * 128;
