@@ -153,12 +153,8 @@ struct Builder {
 
 // Which steps are materialized, and scratch slots for the others (a slot
 // is free again after its value's last read in the group).
-void assign_slots(const ir::Graph& g, const Fusion& f, int id, FusedGroup& grp) {
-  std::vector<char> root(g.size(), 0);
-  for (const auto& r : g.roots) {
-    const int d = g.find(r.node.get());
-    if (d >= 0) root[d] = 1;
-  }
+// `root[i]`: node i's result is wanted after the execution.
+void assign_slots(const ir::Graph& g, const Fusion& f, const std::vector<char>& root, int id, FusedGroup& grp) {
   const int n = static_cast<int>(grp.steps.size());
   std::vector<int> last_use(n, -1);
   for (int k = 0; k < n; ++k) {
@@ -169,12 +165,19 @@ void assign_slots(const ir::Graph& g, const Fusion& f, int id, FusedGroup& grp) 
     for (int a = 0; a < s.arity; ++a)
       if (s.in[a].kind == PointwiseInput::Kind::Step) last_use[s.in[a].index] = k;
   }
+  // ends[k]: the steps whose values step k reads last (a linked list).
+  std::vector<int> ends_head(n, -1), ends_next(n, -1);
+  for (int j = 0; j < n; ++j)
+    if (last_use[j] >= 0) {
+      ends_next[j] = ends_head[last_use[j]];
+      ends_head[last_use[j]] = j;
+    }
   std::vector<int> free_slots, slot_of(n, -1);
   for (int k = 0; k < n; ++k) {
     // Values last read by this step give their slots back first: a step
     // may write the block it reads (elementwise, same index).
-    for (int j = 0; j < k; ++j)
-      if (slot_of[j] >= 0 && last_use[j] == k) {
+    for (int j = ends_head[k]; j >= 0; j = ends_next[j])
+      if (slot_of[j] >= 0) {
         free_slots.push_back(slot_of[j]);
         slot_of[j] = -1;
       }
@@ -220,7 +223,13 @@ Fusion fuse(const ir::Graph& g, const std::vector<std::vector<int>>& lane_order)
     }
     b.close();
   }
-  for (int id = 0; id < static_cast<int>(f.groups.size()); ++id) assign_slots(g, f, id, f.groups[id]);
+  if (f.groups.empty()) return f;
+  std::vector<char> root(g.size(), 0);
+  for (const auto& r : g.roots) {
+    const int d = g.find(r.node.get());
+    if (d >= 0) root[d] = 1;
+  }
+  for (int id = 0; id < static_cast<int>(f.groups.size()); ++id) assign_slots(g, f, root, id, f.groups[id]);
   return f;
 }
 

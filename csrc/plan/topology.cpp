@@ -104,6 +104,17 @@ Work estimate_work(const ir::Node& n) {
       w.flops = 4.0 * bh * static_cast<double>(k->sizes[k->sizes.size() - 2]) * static_cast<double>(q->sizes.back());
     }
     w.gemm = true;
+  } else if (name.find("pool") != std::string::npos && name.find("adaptive") == std::string::npos) {
+    // Windowed ops: every output element reads a window (kernel_size, the
+    // second argument), at about the transcendental rate per window element.
+    double window = 1;
+    for (const auto& a : n.args)
+      if (a.kind == ir::Arg::Kind::Constant && a.constant.isIntList()) {
+        for (auto k : a.constant.toIntVector()) window *= static_cast<double>(std::max<int64_t>(k, 1));
+        break;
+      }
+    w.flops = out_numel(n) * window;
+    w.transcendental = true;
   } else {
     w.flops = out_numel(n);  // one "flop" per produced element
     static const char* slow[] = {"tanh", "exp", "log", "sigmoid", "softmax", "erf", "gelu", "sin", "cos", "pow",
