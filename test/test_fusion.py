@@ -251,3 +251,10 @@ def test_profiler_shows_a_fused_pass(no_async):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         (x * 2 + 1).cpu()
     assert any(e.name == "mgpu::fused_pointwise" for e in prof.events())
+
+
+def test_empty_and_zero_dim_tensors(no_async):
+    plan = run_both(lambda a: (a * 2 + 1) / 3, torch.randn(0, 5))
+    assert plan.fused_nodes == 3
+    plan = run_both(lambda a: (a * 2 + 1) / 3, torch.tensor(1.5))
+    assert plan.fused_nodes == 3
