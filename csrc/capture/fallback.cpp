@@ -6,8 +6,10 @@
 #include "capture/capture.h"
 #include "capture/meta_cache.h"
 #include "capture/random.h"
+#include "ir/view.h"
 #include "stats.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
@@ -93,6 +95,9 @@ struct Call {
   // Whether to build Meta twins: only on a cache miss. A hit needs the
   // signature and the storages, not a Meta call (nor Meta allocations).
   bool build_meta = false;
+  // Twins on the CPU instead, zero-filled: for ops with no Meta kernel
+  // (see infer_without_meta).
+  bool cpu_twins = false;
 
   int storage_index(const at::Tensor& t) {
     int i = index_of(t.storage().unsafeGetStorageImpl());
@@ -100,8 +105,9 @@ struct Call {
     i = static_cast<int>(storages.size());
     storages.push_back(t.storage());
     if (build_meta)
-      meta.push_back(at::empty({static_cast<int64_t>(t.storage().nbytes())},
-                               at::TensorOptions().dtype(at::kByte).device(at::kMeta))
+      meta.push_back((cpu_twins ? at::zeros({static_cast<int64_t>(t.storage().nbytes())}, at::TensorOptions().dtype(at::kByte))
+                                : at::empty({static_cast<int64_t>(t.storage().nbytes())},
+                                            at::TensorOptions().dtype(at::kByte).device(at::kMeta)))
                          .storage());
     return i;
   }
@@ -127,7 +133,7 @@ struct Call {
     key.add_geometry(g);
     if (mutated) mutated_slots.push_back(t);
     if (!build_meta) return t;
-    auto m = meta_view(meta[i], g);
+    auto m = cpu_twins ? ir::make_view(meta[i], c10::DispatchKey::CPU, g) : meta_view(meta[i], g);
     if (mutated) mutated_meta.push_back(m);
     return m;
   }
@@ -168,10 +174,12 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
       check_device_index(v.toDevice().index());
       call.device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
       call.key.add(-4);
-      if (keep) out.emplace_back(c10::Device(c10::kMeta));
+      if (keep) out.emplace_back(c10::Device(call.cpu_twins ? c10::kCPU : c10::kMeta));
     } else if (v.isGenerator()) {
       call.key.add(-5);
-      if (keep) out.emplace_back();  // meta kernels draw nothing
+      // Meta kernels draw nothing; CPU twins draw from a throwaway generator.
+      if (keep && call.cpu_twins) out.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
+      else if (keep) out.emplace_back();
     } else {
       call.key.add_ivalue(v);
       if (keep) out.push_back(v);
@@ -228,6 +236,49 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
     r.mutated_nbytes.push_back(call.meta[idx].nbytes());
   }
   return r;
+}
+
+// Ops whose Meta kernel is registered from Python (torch._meta_registrations:
+// relu, where, convolution, index_select, layer and batch norm...) have none
+// in a C++ program without Python. Their results' geometry comes from one
+// CPU run per new signature over zero-filled twins of the inputs (zeros are
+// valid data for any call: indices in range, offsets ordered), so that the
+// op is recorded instead of run eagerly. Ops whose output shapes depend on
+// the data are tagged and never get here. A global generator the op draws
+// from (ops with no Generator argument) is put back as it was.
+bool no_meta_kernel(const c10::Error& e) {
+  const std::string msg = e.what_without_backtrace();
+  return msg.find("from the 'Meta' backend") != std::string::npos ||
+      msg.find("no fake impl or Meta kernel registered") != std::string::npos ||
+      msg.find("_overrideable not implemented") != std::string::npos;  // convolution's composite on Meta
+}
+
+MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool cpu_as_meta) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!cpu_as_meta, "mgpu: ", op.schema().name(), " has no Meta kernel");
+  Call twins;
+  twins.build_meta = true;
+  twins.cpu_twins = true;
+  auto targs = meta_arguments(op.schema(), args, twins);
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return infer(op, std::move(targs), twins);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
+  };
+  try {
+    MetaResult r = infer(op, std::move(targs), twins);
+    restore();
+    return r;
+  } catch (...) {
+    restore();
+    throw;
+  }
 }
 
 // Meta kernels check shapes but rarely dtypes: a CPU kernel with no
@@ -364,8 +415,15 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     full.cpu_as_meta = cpu_as_meta;
     full.build_meta = true;
     auto margs = meta_arguments(schema, args, full);
-    fresh = infer(op, std::move(margs), full);
-    probe_dtypes(op, args);
+    bool probed = false;
+    try {
+      fresh = infer(op, std::move(margs), full);
+    } catch (const c10::NotImplementedError& e) {
+      if (!no_meta_kernel(e)) throw;
+      fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
+      probed = true;
+    }
+    if (!probed) probe_dtypes(op, args);
     if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }

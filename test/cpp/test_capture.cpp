@@ -65,3 +65,46 @@ TEST(Cpp, BackgroundExecutionMatchesEager) {
   torch_mgpu::set_async_ops(before);
   EXPECT_THROW(torch_mgpu::set_async_ops(-1), c10::Error);
 }
+
+// Ops whose Meta kernels PyTorch registers from Python have none in a C++
+// program: their geometry comes from one CPU run over zero-filled twins, and
+// they are recorded like any other op (no eager fallback, no sync).
+TEST(Cpp, OpsWithoutCppMetaKernelsAreRecorded) {
+  torch::manual_seed(2);
+  auto a = torch::randn({2, 3, 8, 8});
+  auto w = torch::randn({4, 3, 3, 3});
+  auto idx = torch::tensor({0, 1, 1});
+  auto dev = torch_mgpu::device();
+  auto am = a.to(dev), wm = w.to(dev), im = idx.to(dev);
+  auto base = torch::tanh(am);  // pending: an eager fallback would force it to run
+  const auto before = torch_mgpu::stats();
+  std::vector<torch::Tensor> got = {
+      torch::relu(base), torch::where(base > 0, base, base * 2), torch::conv2d(base, wm),
+      torch::layer_norm(base, {8}), base.index_select(0, im),
+      torch::batch_norm(base, {}, {}, {}, {}, true, 0.1, 1e-5, false), torch::abs(base)};
+  const auto after = torch_mgpu::stats();
+  EXPECT_EQ(after.at("eager_fallbacks"), before.at("eager_fallbacks"));
+  EXPECT_EQ(after.at("syncs"), before.at("syncs"));
+  EXPECT_GE(torch_mgpu::pending_ops(), static_cast<int64_t>(got.size()));
+  auto b = torch::tanh(a);
+  std::vector<torch::Tensor> want = {
+      torch::relu(b), torch::where(b > 0, b, b * 2), torch::conv2d(b, w), torch::layer_norm(b, {8}),
+      b.index_select(0, idx), torch::batch_norm(b, {}, {}, {}, {}, true, 0.1, 1e-5, false), torch::abs(b)};
+  for (size_t k = 0; k < got.size(); ++k) {
+    auto g = got[k].cpu();
+    ASSERT_EQ(g.sizes(), want[k].sizes()) << k;
+    EXPECT_TRUE(torch::allclose(g, want[k], 1e-5, 1e-6)) << k;
+  }
+}
+
+TEST(Cpp, ShapeRunOfARandomOpLeavesTheGlobalGeneratorAlone) {
+  torch::manual_seed(5);
+  auto expected = torch::rand({4});
+  torch::manual_seed(5);
+  auto xm = torch::ones({50, 7}).to(torch_mgpu::device());
+  auto d = torch::dropout(xm, 0.5, /*train=*/true);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
+  auto out = d.cpu();
+  EXPECT_TRUE(((out == 0) | (out == 2)).all().item<bool>());
+  EXPECT_GT((out == 0).sum().item<int64_t>(), 0);
+}
