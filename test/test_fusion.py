@@ -129,7 +129,7 @@ def test_not_fusable_runs_alone_and_correct(no_async):
     cases = [
         (lambda a: torch.add(a, a * 2, alpha=0.5) * 3, x),  # alpha != 1 (eager uses fma): only the mul fuses
         (lambda a: a.t() * 2 + 1, x),                       # non-contiguous input of the first op
-        (lambda a: a * a[0] + 1, x),                        # broadcast
+        (lambda a: a * a[:, :1].t() + 1, x),                # broadcast of a strided view
         (lambda a: a * 2 + 1, h),                           # half
         (lambda a: a * 2 + 1, i),                           # integers
         (lambda a: a / 2 + 1, i),                           # int -> float promotion
@@ -258,3 +258,45 @@ def test_empty_and_zero_dim_tensors(no_async):
     assert plan.fused_nodes == 3
     plan = run_both(lambda a: (a * 2 + 1) / 3, torch.tensor(1.5))
     assert plan.fused_nodes == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_broadcast_operands(no_async, dtype):
+    g = torch.Generator().manual_seed(11)
+    n, d = 5000, 37  # periods that do not divide the blocks; large enough to split over threads
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    row = torch.randn(d, generator=g, dtype=dtype)          # along the leading dim (a bias)
+    col = torch.randn(n, 1, generator=g, dtype=dtype)       # along the trailing dim (per-row statistics)
+    one = torch.randn((), generator=g, dtype=dtype)         # a 0-dim tensor on mgpu
+
+    def f(x, row, col, one):
+        y = (row * row + 1) * (x - col) / col + row
+        return (y * one - col).relu(), one - y
+    plan = run_both(f, x, row, col, one)
+    # row * row + 1 runs over d elements (a pass of its own); the rest over n * d
+    assert plan.fused_nodes == len(plan)
+
+
+def test_broadcasts_that_are_not_fused_still_match(no_async):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 3, 4, 5, generator=g)
+    mid = torch.randn(3, 1, 1, generator=g)   # channels: neither a leading nor a trailing broadcast
+    plan = run_both(lambda x, m: (x * m + 1) * 2, x, mid)
+    assert plan.fused_nodes == 2  # only the last two ops, which read x * m whole
+
+
+def test_gmm_like_e_step(no_async):
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(3000, 16, generator=g)
+    means = torch.randn(4, 16, generator=g)
+    log_vars = torch.randn(4, 16, generator=g) * 0.1
+    log_w = torch.randn(4, generator=g)
+
+    def e_step(x, means, log_vars, log_w):
+        out = []
+        for j in range(4):
+            diff = x - means[j]
+            out.append(log_w[j] - 0.5 * ((diff * diff) / log_vars[j].exp() + log_vars[j]).sum(1))
+        return out
+    plan = run_both(e_step, x, means, log_vars, log_w)
+    assert plan.fused_nodes >= 16

@@ -53,11 +53,47 @@ bool is_one(const c10::IValue& v) {
   return (v.isInt() && v.toInt() == 1) || (v.isDouble() && v.toDouble() == 1.0);
 }
 
-// A tensor argument read elementwise in the output's layout.
-bool elementwise_ref(const ir::Arg& a, const ir::TensorGeometry& out) {
-  if (a.kind != ir::Arg::Kind::Tensor || a.tensors.size() != 1 || !a.tensors[0]) return false;
+// How a tensor argument is read for the output's elements (in the output's
+// contiguous order), if the pointwise pass can read it: elementwise, or one
+// of the broadcasts of FusedExternal.
+std::optional<FusedExternal> read_pattern(const ir::Arg& a, const ir::TensorGeometry& out) {
+  if (a.kind != ir::Arg::Kind::Tensor || a.tensors.size() != 1 || !a.tensors[0]) return std::nullopt;
   const auto& geom = a.tensors[0]->geom;
-  return geom.dtype == out.dtype && geom.sizes == out.sizes && contiguous(geom) && !geom.conj && !geom.neg;
+  if (geom.dtype != out.dtype || geom.conj || geom.neg || !contiguous(geom)) return std::nullopt;
+  FusedExternal e;
+  if (geom.sizes == out.sizes) return e;
+  const size_t nd = out.sizes.size();
+  if (geom.sizes.size() > nd) return std::nullopt;
+  // Broadcasting aligns trailing dims: pad the input's sizes with leading 1s.
+  ir::Dims in(nd - geom.sizes.size(), 1);
+  in.append(geom.sizes.begin(), geom.sizes.end());
+  if (numel(geom) == 1) {
+    e.kind = FusedExternal::Kind::Scalar;
+    return e;
+  }
+  // Inner: 1s, then the output's trailing sizes. Outer: the output's leading
+  // sizes, then 1s. (Either side may be empty only when the sizes are equal.)
+  size_t p = 0;
+  while (p < nd && in[p] == 1) ++p;
+  bool inner = p > 0;
+  for (size_t d = p; d < nd && inner; ++d) inner = in[d] == out.sizes[d];
+  if (inner) {
+    e.kind = FusedExternal::Kind::Inner;
+    e.period = 1;
+    for (size_t d = p; d < nd; ++d) e.period *= out.sizes[d];
+    return e;
+  }
+  size_t q = nd;
+  while (q > 0 && in[q - 1] == 1) --q;
+  bool outer = q < nd;
+  for (size_t d = 0; d < q && outer; ++d) outer = in[d] == out.sizes[d];
+  if (outer) {
+    e.kind = FusedExternal::Kind::Outer;
+    e.period = 1;
+    for (size_t d = q; d < nd; ++d) e.period *= out.sizes[d];
+    return e;
+  }
+  return std::nullopt;
 }
 
 // Whether node n is fusable; fills op and arity, and marks constant inputs
@@ -85,7 +121,7 @@ bool fusable(const ir::Node& n, PointwiseStep& s) {
       if (!real_constant(a.constant)) return false;
       s.in[k] = PointwiseInput{PointwiseInput::Kind::Constant, k};
     } else {
-      if (!elementwise_ref(a, geom)) return false;
+      if (!read_pattern(a, geom)) return false;
       s.in[k] = PointwiseInput{PointwiseInput::Kind::External, k};  // resolved on joining
       ++tensors;
     }
@@ -129,14 +165,17 @@ struct Builder {
       const auto& ref = *n.args[k].tensors[0];
       const auto& v = n.operands[ref.operand];
       const int d = g.find(v.node.get());
-      if (d >= 0 && pos[d] >= 0 && ref.geom.offset == 0) {
+      FusedExternal e = *read_pattern(n.args[k], geom);
+      if (d >= 0 && pos[d] >= 0 && ref.geom.offset == 0 && e.kind == FusedExternal::Kind::Same) {
         s.in[k] = PointwiseInput{PointwiseInput::Kind::Step, pos[d]};
         continue;
       }
       // Read from outside: a graph node must precede the group's start.
       if (d >= 0 && !open.steps.empty() && d >= first) return false;
       s.in[k] = PointwiseInput{PointwiseInput::Kind::External, static_cast<int>(open.externals.size() + ext.size())};
-      ext.push_back(FusedExternal{i, k});
+      e.node = i;
+      e.arg = k;
+      ext.push_back(e);
     }
     if (open.steps.empty()) {
       open.dtype = geom.dtype;

@@ -4,7 +4,9 @@
 // block by block, instead of one ATen call and one full-size result per op.
 // Only ops whose result is one correctly rounded IEEE operation per element
 // are fused, in float32 or float64 on contiguous tensors of one size, so a
-// fused result equals eager PyTorch's bitwise. Intermediates that nothing
+// fused result equals eager PyTorch's bitwise. Operands from outside may be
+// broadcast: a single element, a row repeated over leading dims (a bias),
+// or a column repeated over trailing dims (per-row statistics). Intermediates that nothing
 // outside the run reads are never materialized.
 //
 // A fusion is plain data decided per plan (it depends only on what the
@@ -39,10 +41,17 @@ struct PointwiseStep {
   int slot = -1;             // scratch slot when not materialized
 };
 
-// A tensor read from outside the group: argument `arg` of node `node`.
+// A tensor read from outside the group: argument `arg` of node `node`,
+// read elementwise (Same) or broadcast to the group's size: one element
+// (Scalar), a block repeated along the leading dims (Inner: element j reads
+// j % period), or each element repeated along the trailing dims (Outer:
+// element j reads j / period).
 struct FusedExternal {
+  enum class Kind : uint8_t { Same, Scalar, Inner, Outer };
   int node = 0;
   int arg = 0;
+  Kind kind = Kind::Same;
+  int64_t period = 1;
 };
 
 struct FusedGroup {

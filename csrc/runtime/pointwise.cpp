@@ -86,9 +86,36 @@ struct Pass {
   const std::vector<const void*>& external;
   const std::vector<void*>& out;
   std::vector<T> constants;  // [2 * step + input]
+  std::vector<T> scalars;    // per external: its element, for Scalar externals
 };
 
-// Elements [begin, end), block by block.
+// Block [b, b + len) of a broadcast external into `dst`.
+template <typename T>
+C10_ALWAYS_INLINE void gather(const plan::FusedExternal& e, const T* src, int64_t b, int64_t len, T* dst) {
+  if (e.kind == plan::FusedExternal::Kind::Inner) {
+    // Element j reads j % period: runs of the source, from where b falls.
+    int64_t at = b % e.period, filled = 0;
+    while (filled < len) {
+      const int64_t run = std::min(e.period - at, len - filled);
+      std::copy(src + at, src + at + run, dst + filled);
+      filled += run;
+      at = 0;
+    }
+  } else {
+    // Outer: element j reads j / period: runs of one value.
+    int64_t q = b / e.period, r = b % e.period, filled = 0;
+    while (filled < len) {
+      const int64_t run = std::min(e.period - r, len - filled);
+      std::fill(dst + filled, dst + filled + run, src[q]);
+      filled += run;
+      ++q;
+      r = 0;
+    }
+  }
+}
+
+// Elements [begin, end), block by block. `scratch`: the group's slots, then
+// two blocks for broadcast inputs.
 template <typename T>
 C10_ALWAYS_INLINE void run_range(const Pass<T>& pass, int64_t begin, int64_t end, T* scratch) {
   const auto& steps = pass.grp.steps;
@@ -110,9 +137,20 @@ C10_ALWAYS_INLINE void run_range(const Pass<T>& pass, int64_t begin, int64_t end
           case plan::PointwiseInput::Kind::Step:
             in[a].p = where(static_cast<size_t>(s.in[a].index));
             break;
-          case plan::PointwiseInput::Kind::External:
-            in[a].p = static_cast<const T*>(pass.external[s.in[a].index]) + b;
+          case plan::PointwiseInput::Kind::External: {
+            const auto& e = pass.grp.externals[s.in[a].index];
+            const T* src = static_cast<const T*>(pass.external[s.in[a].index]);
+            if (e.kind == plan::FusedExternal::Kind::Same) {
+              in[a].p = src + b;
+            } else if (e.kind == plan::FusedExternal::Kind::Scalar) {
+              in[a].c = pass.scalars[s.in[a].index];
+            } else {
+              T* dst = scratch + (pass.grp.slots + a) * kBlock;
+              gather(e, src, b, len, dst);
+              in[a].p = dst;
+            }
             break;
+          }
         }
       }
       step<T>(s.op, where(k), in[0], in[1], len);
@@ -144,7 +182,9 @@ template <typename T>
 void run_typed(const ir::Graph& g, const plan::FusedGroup& grp, const std::vector<const void*>& external,
                const std::vector<void*>& out) {
   const size_t n = grp.steps.size();
-  Pass<T> pass{grp, external, out, std::vector<T>(2 * n, T(0))};
+  Pass<T> pass{grp, external, out, std::vector<T>(2 * n, T(0)), std::vector<T>(grp.externals.size(), T(0))};
+  for (size_t j = 0; j < grp.externals.size(); ++j)
+    if (grp.externals[j].kind == plan::FusedExternal::Kind::Scalar) pass.scalars[j] = *static_cast<const T*>(external[j]);
   // Constants, once per execution (their values change from run to run).
   for (size_t k = 0; k < n; ++k) {
     const auto& s = grp.steps[k];
@@ -154,7 +194,7 @@ void run_typed(const ir::Graph& g, const plan::FusedGroup& grp, const std::vecto
   }
   at::parallel_for(0, grp.numel, kGrain, [&](int64_t begin, int64_t end) {
     thread_local std::vector<char> scratch_bytes;
-    const size_t need = static_cast<size_t>(grp.slots) * kBlock * sizeof(T) + 64;
+    const size_t need = static_cast<size_t>(grp.slots + 2) * kBlock * sizeof(T) + 64;
     if (scratch_bytes.size() < need) scratch_bytes.resize(need);
     // Blocks on a 64-byte boundary, as vector loads like them.
     auto base = reinterpret_cast<uintptr_t>(scratch_bytes.data());
