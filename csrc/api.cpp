@@ -3,6 +3,7 @@
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "ir/node.h"
+#include "runtime/host_cache.h"
 #include "stats.h"
 
 namespace torch_mgpu {
@@ -31,8 +32,12 @@ std::map<std::string, int64_t> stats() {
       {"background_flushes", c.background_flushes.load()},
       {"background_wait_us", c.background_wait_us.load()},
       {"pending_ops", ir::pending_op_count()},
+      {"host_cache_bytes", runtime::host_cache_stats().cached_bytes},
+      {"host_cache_hits", runtime::host_cache_stats().hits},
   };
 }
+
+void empty_cache() { runtime::host_cache_empty(); }
 
 int64_t max_pending_ops() { return capture::max_pending_ops(); }
 void set_max_pending_ops(int64_t n) { capture::set_max_pending_ops(n); }

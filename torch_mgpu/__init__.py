@@ -47,6 +47,13 @@ def stats() -> dict:
     return dict(_C.stats())
 
 
+def empty_cache() -> None:
+    """Releases the large host blocks the lanes keep for reuse (counted in
+    stats()["host_cache_bytes"]; TORCH_MGPU_HOST_CACHE_MB bounds them, default
+    1024, 0 turns the cache off). Eager tensors never use these blocks."""
+    _C.empty_cache()
+
+
 def configure(devices=None, lanes_per_device=None, policy=None) -> None:
     """Sets where pending graphs run.
 
@@ -119,6 +126,7 @@ __all__ = [
     "Simulation",
     "pending_ops",
     "stats",
+    "empty_cache",
     "last_plan",
     "Plan",
     "max_pending_ops",

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace torch_mgpu::plan {
 namespace {
@@ -65,8 +66,8 @@ std::optional<FusedExternal> read_pattern(const ir::Arg& a, const ir::TensorGeom
   const size_t nd = out.sizes.size();
   if (geom.sizes.size() > nd) return std::nullopt;
   // Broadcasting aligns trailing dims: pad the input's sizes with leading 1s.
-  ir::Dims in(nd - geom.sizes.size(), 1);
-  in.append(geom.sizes.begin(), geom.sizes.end());
+  std::vector<int64_t> in(nd - geom.sizes.size(), 1);
+  in.insert(in.end(), geom.sizes.begin(), geom.sizes.end());
   if (numel(geom) == 1) {
     e.kind = FusedExternal::Kind::Scalar;
     return e;

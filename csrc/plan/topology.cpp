@@ -115,10 +115,18 @@ Work estimate_work(const ir::Node& n) {
       }
     w.flops = out_numel(n) * window;
     w.transcendental = true;
+  } else if (name.find("topk") != std::string::npos || name.find("sort") != std::string::npos ||
+             name.find("kthvalue") != std::string::npos || name.find("median") != std::string::npos) {
+    // Selection and sorting read every input element with compares and
+    // data movement: about the transcendental rate per input element.
+    const auto* in = tensor_arg(n, 0);
+    w.flops = in ? numel(*in) : out_numel(n);
+    w.transcendental = true;
   } else {
     w.flops = out_numel(n);  // one "flop" per produced element
+    // sqrt and div are single vector instructions: elementwise rates.
     static const char* slow[] = {"tanh", "exp", "log", "sigmoid", "softmax", "erf", "gelu", "sin", "cos", "pow",
-                                 "sqrt", "rsqrt", "silu", "cdist", "norm", "div"};
+                                 "silu", "cdist", "norm"};
     for (const char* k : slow)
       if (name.find(k) != std::string::npos) w.transcendental = true;
   }

@@ -46,6 +46,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("synchronize", &torch_mgpu::synchronize, py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", &torch_mgpu::pending_ops);
   m.def("stats", &torch_mgpu::stats);
+  m.def("empty_cache", &torch_mgpu::empty_cache);
   m.def("max_pending_ops", &torch_mgpu::max_pending_ops);
   m.def("set_max_pending_ops", &torch_mgpu::set_max_pending_ops);
   m.def("async_ops", &torch_mgpu::async_ops);

@@ -8,6 +8,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 
+#include "runtime/host_cache.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
 
@@ -499,6 +500,7 @@ struct Run {
   // done when its stream has finished them.
   void run_lane(int l) {
     const Place& place = places[l];
+    HostCacheScope host_memory;  // kernels' large outputs reuse freed blocks
     std::optional<c10::StreamGuard> guard;
     if (place.streams) guard.emplace(place.stream);
     const auto& order = p.lane_order[l];

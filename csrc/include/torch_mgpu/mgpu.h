@@ -19,6 +19,9 @@ int64_t pending_ops();
 // Counters since start: ops_captured, ops_executed, plans_built,
 // plan_cache_hits, eager_fallbacks, bytes_transferred and more.
 std::map<std::string, int64_t> stats();
+// Releases the host blocks kept for reuse by the lanes (stats()
+// "host_cache_bytes"; TORCH_MGPU_HOST_CACHE_MB bounds them, 0 = no cache).
+void empty_cache();
 // A pending graph larger than this runs at once (TORCH_MGPU_MAX_PENDING).
 int64_t max_pending_ops();
 void set_max_pending_ops(int64_t n);
