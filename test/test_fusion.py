@@ -14,10 +14,14 @@ import torch_mgpu
 
 @pytest.fixture
 def no_async():
-    saved = torch_mgpu.async_ops()
+    """One graph per sync, on one lane: what is fused does not depend on the
+    plan the cost model picks (the lane tests below cover several lanes)."""
+    saved = torch_mgpu.async_ops(), torch_mgpu.policy()
     torch_mgpu.set_async_ops(0)
+    torch_mgpu.configure(policy="serial")
     yield
-    torch_mgpu.set_async_ops(saved)
+    torch_mgpu.set_async_ops(saved[0])
+    torch_mgpu.configure(policy=saved[1])
 
 
 @pytest.fixture

@@ -97,8 +97,6 @@ struct CachingHostAllocator final : c10::Allocator {
   }
 };
 
-CachingHostAllocator g_allocator;
-
 // Installed at load, over PyTorch's own default CPU allocator only (another
 // allocator someone installed stays as it is).
 const bool g_installed = [] {
@@ -106,7 +104,8 @@ const bool g_installed = [] {
   if (current != c10::GetDefaultCPUAllocator() || current->raw_deleter() == nullptr) return false;
   g_default = current;
   cache();
-  c10::SetCPUAllocator(&g_allocator, /*priority=*/1);
+  // Never destroyed: tensors may be allocated and freed during exit.
+  c10::SetCPUAllocator(new CachingHostAllocator(), /*priority=*/1);
   return true;
 }();
 
