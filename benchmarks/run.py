@@ -94,8 +94,14 @@ def measure_interleaved(variants, reps, warmup=5):
     return out
 
 
+PLAN_RATIOS = []
+
+
 def mgpu_sync(out):
     torch_mgpu.synchronize()
+    p = torch_mgpu.last_plan()
+    if p is not None and p.measured_makespan > 0:
+        PLAN_RATIOS.append(p.predicted_makespan / p.measured_makespan)
     return out
 
 
@@ -137,10 +143,13 @@ def run_case(case, quick):
         variants["mgpu"] = (lambda: recorded.append(case.fn(*mg_in)), nothing, sync_recorded)
     else:
         variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, nothing)
+    PLAN_RATIOS.clear()
     try:
         res.update(measure_interleaved(variants, case.reps))
     finally:
         torch_mgpu.set_async_ops(saved_async)
+    # The last plan of each timed (and warm-up) run: predicted / measured makespan.
+    res["plan_ratio"] = statistics.median(PLAN_RATIOS) if PLAN_RATIOS else float("nan")
     if capture_only:
         res["mgpu"]["peak_mib"] = 0.0
     else:
@@ -228,8 +237,11 @@ def main():
         "with default threads (higher is better). Peak MiB: growth of peak RSS during the timed runs.",
         "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded).",
         "",
-        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | simulated | mgpu speed-up | lanes used | peak MiB eager / mgpu |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "`predicted / measured`: median over the timed runs of the last executed plan's predicted makespan over",
+        "its measured one (last_plan(); with background execution, the plan of the graph left at the sync).",
+        "",
+        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | simulated | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines = list(header)
     for case, r in rows:
@@ -240,12 +252,14 @@ def main():
         if case.extra.get("ops"):
             n = case.extra["ops"]
             cap = (f"capture {r['mgpu']['median'] * 1e6 / n:.2f} us/op vs eager {r['eager']['median'] * 1e6 / n:.2f} us/op")
-            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | {cap} | - | - |")
+            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | {cap} | - | - | - |")
             continue
         sp = r["eager"]["median"] / r["mgpu"]["median"]
+        pm = r["plan"]
+        ratio = f"{r['plan_ratio']:.2f}" if r["plan_ratio"] == r["plan_ratio"] else "-"
         lines.append(
             f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
-            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sp:.2f}x | {r['plan']['lanes_used']} | "
+            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
             f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
     sim_rows, planning = bench_simulator.report(a.quick)
     sim_md = bench_simulator.markdown(sim_rows, planning)
