@@ -68,6 +68,7 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
     if (i < rec->timing.size()) {
       e.start = rec->timing[i].start;
       e.end = rec->timing[i].end;
+      e.threads = rec->timing[i].threads;
     }
     if (i < rec->fused.size()) e.fused = rec->fused[i];
     if (i < rec->predicted_start.size()) {

@@ -286,3 +286,19 @@ def test_profiler_records_nodes_on_lane_threads(lanes_config):
     events = [e for e in prof.events() if e.name.startswith("mgpu::")]
     assert any(e.name == "mgpu::aten::mm" for e in events)
     assert len({e.thread for e in events}) >= 2
+
+
+def test_small_products_on_one_lane_run_on_one_thread(lanes_config):
+    # A one-lane plan has all the cores; products below the size that gains
+    # from threads run on one (no intra-op team to wake), bitwise as eager.
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="serial")
+    g = torch.Generator().manual_seed(4)
+    small, big = torch.randn(48, 48, generator=g), torch.randn(400, 400, generator=g)
+    s, b = small.to("mgpu"), big.to("mgpu")
+    assert torch.equal((s @ s).cpu(), small @ small)
+    assert torch.equal((b @ b).cpu(), big @ big)
+    out_s, out_b = s @ s, b @ b
+    torch_mgpu.synchronize()
+    threads = {e["op"] + str(i): e["threads"] for i, e in enumerate(torch_mgpu.last_plan().timeline())}
+    assert sorted(threads.values()) == sorted([1, torch.get_num_threads()])
+    del out_s, out_b

@@ -24,9 +24,10 @@ class Plan:
 
     def timeline(self) -> list:
         """Per node: {node, op, lane, start, end} measured (seconds from the
-        start of execution), predicted_start / predicted_end, and `fused`:
-        the pointwise group the node ran in as one pass (-1: it ran alone;
-        a group's measured time is shared out evenly over its nodes)."""
+        start of execution), predicted_start / predicted_end, `threads`: the
+        intra-op threads it ran with, and `fused`: the pointwise group the
+        node ran in as one pass (-1: it ran alone; a group's measured time is
+        shared out evenly over its nodes)."""
         return [dict(e) for e in self._r["timeline"]]
 
     def busy_lanes(self) -> set:

@@ -121,6 +121,13 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
 
 namespace {
 
+// Plain matrix products (not convolutions or attention, whose kernels split
+// their work differently).
+bool is_matrix_product(const ir::Node& n) {
+  const std::string_view name = n.name;
+  return name == "aten::mm" || name == "aten::bmm" || name == "aten::addmm" || name == "aten::baddbmm";
+}
+
 // Lanes used, threads, transfers, reuse (shared by every candidate plan of a
 // graph: it depends on the graph only) and the simulated timeline.
 void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
@@ -135,6 +142,17 @@ void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, con
     for (int d : g.deps[i])
       if (t.lanes[p.lane_of[d]].device != t.lanes[p.lane_of[i]].device) p.transfers++;
   p.reuse = reuse;
+  // One lane with all the cores: products too small to gain from threads
+  // (the cost model's single-thread rate) run on one, so that they never
+  // wake the intra-op team (a wake-up on a VM costs more than the product).
+  // Matrix products give the same bits on any number of threads (each
+  // output element is one thread's dot product).
+  p.one_thread.clear();
+  if (p.lanes_used == 1 && p.threads_per_lane > 1 && !t.cuda) {
+    p.one_thread.assign(g.size(), 0);
+    for (size_t i = 0; i < g.size(); ++i)
+      p.one_thread[i] = work[i].gemm && work[i].flops < cm.parallel_min_flops && is_matrix_product(*g.nodes[i]);
+  }
   simulate(g, t, cm, work, p);
 }
 

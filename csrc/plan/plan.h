@@ -26,6 +26,8 @@ struct Plan {
   Fusion fusion;
   int lanes_used = 1;
   int threads_per_lane = 1;
+  // One-lane plans: one_thread[i] runs node i on one thread (empty: none).
+  std::vector<char> one_thread;
   int transfers = 0;                          // edges that cross devices
   // Predictions (seconds from the start of execution).
   std::vector<double> predicted_start, predicted_end;

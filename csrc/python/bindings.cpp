@@ -34,6 +34,7 @@ py::object plan_dict(const torch_mgpu::LastPlan& p) {
     x["predicted_start"] = e.predicted_start;
     x["predicted_end"] = e.predicted_end;
     x["fused"] = e.fused;
+    x["threads"] = e.threads;
     tl.append(x);
   }
   d["timeline"] = tl;

@@ -363,8 +363,11 @@ struct Run {
         if (events[d] && p.lane_of[d] != lane) events[d]->block(place.stream);
       for (const auto& s : operands) record_use(s, place.stream);
     }
+    std::optional<ScopedParallelism> narrow;
+    if (!p.one_thread.empty() && p.one_thread[i]) narrow.emplace(1);
     NodeTiming timing;
     timing.lane = lane;
+    timing.threads = thread_parallelism();
     timing.start = now();
     std::vector<c10::Storage> out;
     std::exception_ptr error;
@@ -478,7 +481,8 @@ struct Run {
     for (size_t k = 0; k < grp.steps.size(); ++k) {
       const int i = grp.steps[k].node;
       // Per-node times: the group's time shared out evenly.
-      res.timing[i] = NodeTiming{lane, start + each * static_cast<double>(k), start + each * static_cast<double>(k + 1)};
+      res.timing[i] = NodeTiming{lane, start + each * static_cast<double>(k), start + each * static_cast<double>(k + 1),
+                                 thread_parallelism()};
       if (error) {
         fail(i, Status::Failed, error, message);
         continue;

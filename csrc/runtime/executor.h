@@ -19,6 +19,7 @@ enum class Status : uint8_t { NotRun, Ok, Failed, Skipped };
 struct NodeTiming {
   int lane = 0;
   double start = 0, end = 0;  // seconds from the start of execution
+  int threads = 1;            // intra-op threads it ran with
 };
 
 struct ExecResult {

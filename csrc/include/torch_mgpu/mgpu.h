@@ -49,6 +49,7 @@ struct TimelineEntry {
   double start, end;  // measured, seconds from the start of execution
   double predicted_start, predicted_end;
   int fused = -1;  // the pointwise group it ran in as one pass, -1: alone
+  int threads = 0;  // intra-op threads it ran with (0 when simulated)
 };
 
 // The plan of the last executed graph.
