@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace torch_mgpu::plan {
 
@@ -134,13 +135,18 @@ Work estimate_work(const ir::Node& n) {
 }
 
 double node_seconds(const Work& w, const CostModel& cm, int threads) {
+  // A fused step works on blocks in cache: a cost per 1024-element block,
+  // split over the threads when the pass is (ATen's grain: 32768 elements).
+  if (w.fused) {
+    const double blocks = std::max(1.0, std::ceil(w.flops / 1024.0));
+    return cm.fused_step_s * blocks / (threads > 1 && w.flops >= 32768 ? threads : 1);
+  }
   double rate;
   if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
   else rate = w.transcendental ? cm.transcendental_per_s : cm.elem_per_s;
   double speedup = 1.0;
   if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
   double compute = w.flops / (rate * speedup);
-  if (w.fused) return compute;
   double memory = w.bytes / (cm.bytes_per_s * (threads > 1 && w.flops >= cm.parallel_min_flops ? speedup : 1.0));
   return cm.op_overhead_s + std::max(compute, memory);
 }

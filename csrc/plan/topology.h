@@ -43,6 +43,7 @@ struct CostModel {
   double transfer_latency_s = 10e-6;
   double parallel_min_flops = 2e6;     // below this an op runs on one thread
   double parallel_efficiency = 0.9;    // per extra thread, above that size
+  double fused_step_s = 6e-8;          // a step of a fused pointwise pass over one 1024-element block (in cache)
   bool calibrated = false;
 };
 
