@@ -1,4 +1,5 @@
-"""Runs every workload with every baseline in one process and reports.
+"""Runs every workload with every baseline in one process and reports (eager
+with one thread runs in a child process per case).
 
     python benchmarks/run.py            # full suite: table, RESULTS.md, speedup.png
     python benchmarks/run.py --quick    # a few seconds (CI): writes under benchmarks/out/
@@ -12,9 +13,11 @@ growth of peak RSS over the steady state during the timed runs.
 """
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -105,6 +108,32 @@ def mgpu_sync(out):
     return out
 
 
+def case_key(case):
+    return f"{case.workload}/{case.name}"
+
+
+def eager_one_thread(case, quick):
+    """Times eager with one intra-op thread in a child process (see run_case)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--eager-1t", case_key(case)] + (["--quick"] if quick else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"eager one-thread run of {case_key(case)} failed:\n{r.stderr[-2000:]}")
+    return {"eager_1t": json.loads(r.stdout.strip().splitlines()[-1])}
+
+
+def child_eager_one_thread(key, quick):
+    torch.set_num_threads(1)
+    for mod in MODULES:
+        for case in mod.cases(quick):
+            if case_key(case) == key:
+                cpu_in = case.make("cpu")
+                res = measure_interleaved({"eager_1t": (lambda: case.fn(*cpu_in), nothing, nothing)}, case.reps)
+                print(json.dumps(res["eager_1t"]))
+                return 0
+    print(f"no case {key}", file=sys.stderr)
+    return 2
+
+
 def run_case(case, quick):
     res = {}
     cpu_in = case.make("cpu")
@@ -112,14 +141,10 @@ def run_case(case, quick):
     torch_mgpu.synchronize()
     capture_only = case.extra.get("capture_only", False)
 
-    # Eager with one thread runs in a block of its own: switching the thread
-    # count back and forth would slow the next eager run (a new OpenMP team).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        res.update(measure_interleaved({"eager_1t": (lambda: case.fn(*cpu_in), nothing, nothing)}, case.reps))
-    finally:
-        torch.set_num_threads(threads)
+    # Eager with one thread runs in a process of its own: setting the thread
+    # count to 1 and back slowed every later run of this process (eager and
+    # mgpu alike, by 25-50% on inception).
+    res.update(eager_one_thread(case, quick))
     variants = {"eager": (lambda: case.fn(*cpu_in), nothing, nothing)}
     if case.fork is not None:
         variants["jit_fork"] = (lambda: case.fork(*cpu_in), nothing, nothing)
@@ -201,7 +226,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--eager-1t", default="", help=argparse.SUPPRESS)  # internal: one case, eager, one thread
     a = ap.parse_args()
+    if a.eager_1t:
+        return child_eager_one_thread(a.eager_1t, a.quick)
     only = set(a.only.split(",")) if a.only else None
     out_dir = os.path.join(HERE, "out") if a.quick else HERE
     os.makedirs(out_dir, exist_ok=True)
@@ -232,7 +260,7 @@ def main():
         f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
         "",
         "Times in ms: median (min..max) of the repetitions after 5 warm-up runs; the variants of a case run",
-        "round-robin (eager, jit.fork, torch.compile, mgpu, then again; eager with 1 thread in a block of its own),",
+        "round-robin (eager, jit.fork, torch.compile, mgpu, then again; eager with 1 thread in a process of its own),",
         "so that changes in the machine's speed hit them alike. Speed-up is over eager",
         "with default threads (higher is better). Peak MiB: growth of peak RSS during the timed runs.",
         "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded).",
