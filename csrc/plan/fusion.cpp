@@ -1,5 +1,7 @@
 #include "plan/fusion.h"
 
+#include <c10/util/accumulate.h>
+
 #include <cstdlib>
 #include <optional>
 #include <string_view>
@@ -33,12 +35,6 @@ bool contiguous(const ir::TensorGeometry& g) {
   return true;
 }
 
-int64_t numel(const ir::TensorGeometry& g) {
-  int64_t n = 1;
-  for (auto s : g.sizes) n *= s;
-  return n;
-}
-
 // A host number the op converts to the result's dtype: a Python number
 // (wrapped 0-dim tensor), a 0-dim CPU tensor, or a Scalar; real, not bool.
 bool real_constant(const c10::IValue& v) {
@@ -68,7 +64,7 @@ std::optional<FusedExternal> read_pattern(const ir::Arg& a, const ir::TensorGeom
   // Broadcasting aligns trailing dims: pad the input's sizes with leading 1s.
   std::vector<int64_t> in(nd - geom.sizes.size(), 1);
   in.insert(in.end(), geom.sizes.begin(), geom.sizes.end());
-  if (numel(geom) == 1) {
+  if (c10::multiply_integers(geom.sizes) == 1) {
     e.kind = FusedExternal::Kind::Scalar;
     return e;
   }
@@ -97,9 +93,10 @@ std::optional<FusedExternal> read_pattern(const ir::Arg& a, const ir::TensorGeom
   return std::nullopt;
 }
 
-// Whether node n is fusable; fills op and arity, and marks constant inputs
-// (tensor inputs are resolved when the node joins a group).
-bool fusable(const ir::Node& n, PointwiseStep& s) {
+// Whether node n is fusable; fills op and arity, marks constant inputs, and
+// says how each tensor input is read (`reads`; the inputs are resolved when
+// the node joins a group).
+bool fusable(const ir::Node& n, PointwiseStep& s, FusedExternal (&reads)[2]) {
   if (n.kind != ir::NodeKind::Op || n.seed || n.outputs.size() != 1) return false;
   const auto& out = n.outputs[0];
   if (out.mutated_operand >= 0 || out.returned != 0) return false;
@@ -122,7 +119,9 @@ bool fusable(const ir::Node& n, PointwiseStep& s) {
       if (!real_constant(a.constant)) return false;
       s.in[k] = PointwiseInput{PointwiseInput::Kind::Constant, k};
     } else {
-      if (!read_pattern(a, geom)) return false;
+      auto read = read_pattern(a, geom);
+      if (!read) return false;
+      reads[k] = *read;
       s.in[k] = PointwiseInput{PointwiseInput::Kind::External, k};  // resolved on joining
       ++tensors;
     }
@@ -145,18 +144,18 @@ struct Builder {
       const int id = static_cast<int>(f.groups.size());
       for (const auto& s : open.steps) f.group_of[s.node] = id;
       f.group_at[open.steps[0].node] = id;
-      f.fused_nodes += static_cast<int>(open.steps.size());
       f.groups.push_back(std::move(open));
     }
     open = FusedGroup();
     first = -1;
   }
 
-  // Tries to append node i (fusable, step `s`) to the open group.
-  bool join(int i, PointwiseStep s) {
+  // Tries to append node i (fusable, step `s`, inputs read as `reads`) to
+  // the open group.
+  bool join(int i, PointwiseStep s, const FusedExternal (&reads)[2]) {
     const auto& n = *g.nodes[i];
     const auto& geom = n.outputs[0].geom;
-    if (!open.steps.empty() && (geom.dtype != open.dtype || numel(geom) != open.numel)) return false;
+    if (!open.steps.empty() && (geom.dtype != open.dtype || c10::multiply_integers(geom.sizes) != open.numel)) return false;
     // The first node stays the group's earliest in topological order, so
     // "before the first node" means "no descendant of any member".
     if (!open.steps.empty() && i < first) return false;
@@ -166,7 +165,7 @@ struct Builder {
       const auto& ref = *n.args[k].tensors[0];
       const auto& v = n.operands[ref.operand];
       const int d = g.find(v.node.get());
-      FusedExternal e = *read_pattern(n.args[k], geom);
+      FusedExternal e = reads[k];
       if (d >= 0 && pos[d] >= 0 && ref.geom.offset == 0 && e.kind == FusedExternal::Kind::Same) {
         s.in[k] = PointwiseInput{PointwiseInput::Kind::Step, pos[d]};
         continue;
@@ -180,7 +179,7 @@ struct Builder {
     }
     if (open.steps.empty()) {
       open.dtype = geom.dtype;
-      open.numel = numel(geom);
+      open.numel = c10::multiply_integers(geom.sizes);
       first = i;
     }
     s.node = i;
@@ -252,13 +251,14 @@ Fusion fuse(const ir::Graph& g, const std::vector<std::vector<int>>& lane_order)
   for (const auto& order : lane_order) {
     for (int i : order) {
       PointwiseStep s;
-      if (!fusable(*g.nodes[i], s)) {
+      FusedExternal reads[2];
+      if (!fusable(*g.nodes[i], s, reads)) {
         b.close();
         continue;
       }
-      if (!b.join(i, s)) {
+      if (!b.join(i, s, reads)) {
         b.close();
-        b.join(i, s);  // a group of its own, always possible
+        b.join(i, s, reads);  // a group of its own, always possible
       }
     }
     b.close();

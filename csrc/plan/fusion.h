@@ -67,7 +67,6 @@ struct Fusion {
   // Per node: the group it starts (its first step), -1 otherwise; and the
   // group it belongs to, -1 when not fused.
   std::vector<int> group_at, group_of;
-  int fused_nodes = 0;
 };
 
 // Groups consecutive fusable nodes of each lane of `lane_order`. A node
