@@ -60,6 +60,12 @@ c10::IValue constant_at(const c10::IValue& v, const Place& place) {
   return v;
 }
 
+// An error's message without the C++ backtrace (kept with values it lost).
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 } // namespace
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
@@ -352,7 +358,7 @@ struct Run {
         operands.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
       } catch (const std::exception& e) {
         counters().execution_errors++;
-        fail(i, Status::Failed, std::current_exception(), e.what());
+        fail(i, Status::Failed, std::current_exception(), message_of(e));
         cv.notify_all();
         return;
       }
@@ -377,7 +383,7 @@ struct Run {
       if (events[i]) events[i]->record(place.stream);
     } catch (const std::exception& e) {
       error = std::current_exception();
-      message = e.what();
+      message = message_of(e);
     }
     timing.end = now();
     lock.lock();
@@ -472,7 +478,7 @@ struct Run {
       run_pointwise(g, grp, external, out);
     } catch (const std::exception& e) {
       error = std::current_exception();
-      message = e.what();
+      message = message_of(e);
     }
     held.clear();
     const double end = now();
