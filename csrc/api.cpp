@@ -62,6 +62,7 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   out.transfers = rec->transfers;
   out.predicted_makespan = rec->predicted_makespan;
   out.measured_makespan = rec->measured_makespan;
+  out.refined = rec->refined;
   out.graph_hash = rec->graph_hash;
   for (size_t i = 0; i < rec->graph.names.size(); ++i) {
     TimelineEntry e{static_cast<int>(i), std::string(rec->graph.names[i]), rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};

@@ -8,7 +8,9 @@ class Plan:
     `str(plan)` lists the nodes and lanes, `.to_dot()` gives graphviz,
     `.lanes` the lane names, `.predicted_makespan` / `.measured_makespan`
     seconds, `.timeline()` per-node dicts {node, op, lane, start, end,
-    fused}, `.fused_nodes` how many nodes ran inside fused pointwise passes.
+    fused}, `.fused_nodes` how many nodes ran inside fused pointwise passes,
+    `.refined` whether the graph was planned again with the node times its
+    first runs measured.
     """
 
     def __init__(self, record: dict):
@@ -17,6 +19,7 @@ class Plan:
         self.policy = record["policy"]
         self.predicted_makespan = record["predicted_makespan"]
         self.measured_makespan = record["measured_makespan"]
+        self.refined = record["refined"]
         self.graph_hash = record["graph_hash"]
         self.lanes_used = record["lanes_used"]
         self.transfers = record["transfers"]
@@ -54,7 +57,8 @@ class Plan:
     def __str__(self) -> str:
         lines = [
             f"Plan: {len(self)} nodes on {self.lanes_used} of {len(self.lanes)} lane(s) "
-            f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)",
+            f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)"
+            + (", refined by measured node times" if self.refined else ""),
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "
             f"measured {self.measured_makespan * 1e3:.3f} ms"
             + (f", {self.fused_nodes} node(s) fused" if self.fused_nodes else ""),

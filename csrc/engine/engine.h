@@ -24,6 +24,7 @@ struct PlanRecord {
   int transfers = 0;
   double predicted_makespan = 0;
   double measured_makespan = 0;
+  bool refined = false;  // planned with measured node times (plan::Plan::refined)
   uint64_t graph_hash = 0;
 };
 

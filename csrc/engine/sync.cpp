@@ -83,6 +83,7 @@ std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, co
   rec->lanes_used = p.lanes_used;
   rec->transfers = p.transfers;
   rec->predicted_makespan = p.predicted_makespan;
+  rec->refined = p.refined;
   rec->graph_hash = g.hash;
   return rec;
 }
@@ -121,12 +122,37 @@ void check_devices(const plan::Topology& t) {
 // (TORCH_MGPU_LANES overrides); else one CPU lane per core.
 constexpr int kStreamsPerDevice = 4;
 
+// A cached plan, and what its first runs measured: after the first run
+// (cold: first touches of memory) kRefineRuns runs record each node's
+// measured / predicted time; then the graph is planned again, once, with
+// each node's median ratio as its Work::scale, if any node was off by more
+// than kRefineOff. Later runs keep that plan (no flip-flop under noise).
+struct CachedPlan {
+  std::shared_ptr<const plan::Plan> plan;
+  std::vector<std::vector<double>> ratios;  // per node, one per measured run
+  int runs = 0;
+  bool settled = false;
+};
+constexpr int kRefineRuns = 3;
+constexpr double kRefineOff = 1.5;
+// Nodes shorter than this, measured and predicted, keep scale 1: their times
+// are mostly the clock and the call.
+constexpr double kRefineMinSeconds = 50e-6;
+
+bool refine_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_MGPU_REFINE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // Lanes (and their places), policy and the plan cache. Guarded by state_mutex().
 struct Config {
   plan::Topology topo;
   std::vector<runtime::Place> places;
   std::string policy = "auto";
-  std::unordered_map<uint64_t, std::shared_ptr<const plan::Plan>> plans;  // by graph hash
+  std::unordered_map<uint64_t, CachedPlan> plans;  // by graph hash
   Config() {
     const char* d = std::getenv("TORCH_MGPU_DEVICES");
     const char* l = std::getenv("TORCH_MGPU_LANES");
@@ -179,13 +205,49 @@ std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end()) {
     counters().plan_cache_hits++;
-    return it->second;
+    return it->second.plan;
   }
   auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy, fused_lanes()));
   counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
-  c.plans.emplace(g.hash, p);
+  c.plans[g.hash].plan = p;
   return p;
+}
+
+// Records what a run of cached plan `p` measured (see CachedPlan), and plans
+// the graph again with the measured scales when the runs are in.
+void learn(const ir::Graph& g, const std::shared_ptr<const plan::Plan>& p, const runtime::ExecResult& r) {
+  if (!refine_enabled() || r.first_error || r.timing.size() != g.size()) return;
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(plans_mutex());
+  auto it = c.plans.find(g.hash);
+  if (it == c.plans.end() || it->second.plan != p || it->second.settled) return;
+  CachedPlan& e = it->second;
+  const size_t n = g.size();
+  if (e.runs++ == 0) return;  // the cold run
+  e.ratios.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const bool fused = !p->fusion.group_of.empty() && p->fusion.group_of[i] >= 0;  // a group's time, shared out
+    const double measured = r.timing[i].end - r.timing[i].start;
+    const double predicted = p->predicted_end[i] - p->predicted_start[i];
+    if (fused || predicted <= 0 || std::max(measured, predicted) < kRefineMinSeconds) continue;
+    e.ratios[i].push_back(measured / predicted);
+  }
+  if (e.runs <= kRefineRuns) return;
+  e.settled = true;
+  std::vector<double> scale(n, 1.0);
+  bool off = false;
+  for (size_t i = 0; i < n; ++i) {
+    auto& v = e.ratios[i];
+    if (v.size() < static_cast<size_t>(kRefineRuns)) continue;  // not measured in every run
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    scale[i] = std::max(v[v.size() / 2], 1e-3);  // a node the model knows nothing of can be off by 100x and more
+    off = off || scale[i] > kRefineOff || scale[i] < 1.0 / kRefineOff;
+  }
+  e.ratios.clear();
+  if (!off) return;  // the model was right: keep the plan
+  e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy, fused_lanes(), scale));
+  counters().plans_built++;
 }
 
 } // namespace
@@ -266,6 +328,7 @@ void Execution::run() {
   auto t2 = clock::now();
   result = runtime::execute(g, *plan, config().places);
   record = engine::describe(g, *plan, &result);
+  learn(g, plan, result);
   auto t3 = clock::now();
   counters().sync_graph_us += micros(t0, t1);
   counters().sync_plan_us += micros(t1, t2);

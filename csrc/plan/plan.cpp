@@ -9,13 +9,14 @@
 
 namespace torch_mgpu::plan {
 
-Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm) {
+Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<double>& scale) {
   Estimate e;
   const size_t n = g.size();
   e.work.resize(n);
   std::vector<double> finish(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     e.work[i] = estimate_work(*g.nodes[i]);
+    if (i < scale.size()) e.work[i].scale = scale[i];
     double c = node_seconds(e.work[i], cm, 1);
     e.total_work += c;
     double start = 0;
@@ -159,7 +160,8 @@ void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, con
 struct Shared {
   Estimate e;
   std::vector<std::vector<bool>> reuse;
-  Shared(const ir::Graph& g, const Topology& t, const CostModel& cm) : e(estimate(g, t, cm)) {
+  Shared(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<double>& scale)
+      : e(estimate(g, t, cm, scale)) {
     Plan tmp;
     compute_reuse(g, tmp);
     reuse = std::move(tmp.reuse);
@@ -333,16 +335,19 @@ Plan heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const
 
 } // namespace
 
-Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
-  return serial_plan(g, t, cm, Shared(g, t, cm), fuse);
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse,
+                      const std::vector<double>& scale) {
+  return serial_plan(g, t, cm, Shared(g, t, cm, scale), fuse);
 }
 
-Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
-  return heft_plan(g, t, cm, Shared(g, t, cm), fuse);
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse,
+                    const std::vector<double>& scale) {
+  return heft_plan(g, t, cm, Shared(g, t, cm, scale), fuse);
 }
 
-Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse) {
-  Shared sh(g, t, cm);
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse,
+                    const std::vector<double>& scale) {
+  Shared sh(g, t, cm, scale);
   Plan serial = serial_plan(g, t, cm, sh, fuse);
   if (t.lanes.size() == 1 || g.size() < 2) {
     serial.policy = "auto";
@@ -360,11 +365,19 @@ Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, 
   return std::move(*best);
 }
 
-Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy, bool fuse) {
-  if (policy == "serial") return make_serial_plan(g, t, cm, fuse);
-  if (policy == "heft") return make_heft_plan(g, t, cm, fuse);
-  TORCH_CHECK(policy == "auto", "torch_mgpu: unknown policy '", policy, "' (expected 'serial', 'heft' or 'auto')");
-  return make_auto_plan(g, t, cm, fuse);
+Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy, bool fuse,
+               const std::vector<double>& scale) {
+  Plan p;
+  if (policy == "serial") {
+    p = make_serial_plan(g, t, cm, fuse, scale);
+  } else if (policy == "heft") {
+    p = make_heft_plan(g, t, cm, fuse, scale);
+  } else {
+    TORCH_CHECK(policy == "auto", "torch_mgpu: unknown policy '", policy, "' (expected 'serial', 'heft' or 'auto')");
+    p = make_auto_plan(g, t, cm, fuse, scale);
+  }
+  p.refined = !scale.empty();
+  return p;
 }
 
 } // namespace torch_mgpu::plan

@@ -32,6 +32,8 @@ struct Plan {
   // Predictions (seconds from the start of execution).
   std::vector<double> predicted_start, predicted_end;
   double predicted_makespan = 0.0;
+  // Made with measured per-node scales (Work::scale) from earlier runs.
+  bool refined = false;
 };
 
 // Estimates for a graph on a topology.
@@ -41,15 +43,21 @@ struct Estimate {
   double total_work = 0;            // sum over nodes, one thread each
   double lower_bound = 0;           // max(critical path, total work / lanes)
 };
-Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm);
+// `scale`: per node, Work::scale (empty: all 1).
+Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<double>& scale = {});
 
 // `fuse`: the plan will run on CPU lanes with pointwise fusion; each
 // candidate is fused (apply_fusion) before the predictions are compared.
+// `scale`: per node, measured over modelled time from earlier runs of the
+// same graph (Work::scale; empty: the model alone).
 Plan make_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::string& policy,
-               bool fuse = false);
-Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
-Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
-Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false);
+               bool fuse = false, const std::vector<double>& scale = {});
+Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false,
+                      const std::vector<double>& scale = {});
+Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false,
+                    const std::vector<double>& scale = {});
+Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false,
+                    const std::vector<double>& scale = {});
 
 // Predicts the plan's timeline with the cost model (event simulation: a
 // node starts when its lane is free and its inputs have arrived); fills the

@@ -191,7 +191,7 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
   // split over the threads when the pass is (ATen's grain: 32768 elements).
   if (w.fused) {
     const double blocks = std::max(1.0, std::ceil(w.flops / 1024.0));
-    return cm.fused_step_s * blocks / (threads > 1 && w.flops >= 32768 ? threads : 1);
+    return w.scale * cm.fused_step_s * blocks / (threads > 1 && w.flops >= 32768 ? threads : 1);
   }
   double rate;
   if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
@@ -200,7 +200,7 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
   if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
   double compute = w.flops / (rate * speedup);
   double memory = w.bytes / (cm.bytes_per_s * (threads > 1 && w.flops >= cm.parallel_min_flops ? speedup : 1.0));
-  return cm.op_overhead_s + std::max(compute, memory);
+  return w.scale * (cm.op_overhead_s + std::max(compute, memory));
 }
 
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm) {

@@ -53,6 +53,10 @@ struct Work {
   bool gemm = false;  // runs at GEMM rates
   bool transcendental = false;  // tanh, exp, ...: slower per element
   bool fused = false;  // a later step of a fused pointwise pass: no call of its own, its block in cache
+  // Measured over modelled time of this node in earlier runs of the same
+  // graph (1: not measured): corrects what the model cannot know, such as
+  // an op's speed on this data or a kernel the model has no formula for.
+  double scale = 1.0;
 };
 
 // A node's work, from its op name and argument geometries.

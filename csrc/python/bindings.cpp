@@ -22,6 +22,7 @@ py::object plan_dict(const torch_mgpu::LastPlan& p) {
   d["transfers"] = p.transfers;
   d["predicted_makespan"] = p.predicted_makespan;
   d["measured_makespan"] = p.measured_makespan;
+  d["refined"] = p.refined;
   d["graph_hash"] = p.graph_hash;
   py::list tl;
   for (const auto& e : p.timeline) {

@@ -64,6 +64,9 @@ struct LastPlan {
   int transfers = 0;
   double predicted_makespan = 0;
   double measured_makespan = 0;
+  // Planned again with the node times its first runs measured (the cost
+  // model's per-node corrections; env TORCH_MGPU_REFINE=0 turns it off).
+  bool refined = false;
   uint64_t graph_hash = 0;
 };
 LastPlan last_plan();
