@@ -151,8 +151,8 @@ def test_plan_cache_hits_in_a_training_loop(lanes_config):
         loss.backward()
         opt.step()
         return loss.item()
-    step()
-    step()
+    for _ in range(4):  # a cached plan settles after its first four runs (see test_refine.py)
+        step()
     s0 = torch_mgpu.stats()
     for _ in range(5):
         step()
