@@ -74,3 +74,27 @@ def test_bad_inputs_raise_clear_errors():
         a[5]
     with pytest.raises(RuntimeError):
         a.expand(3, 3, 4)
+
+
+@pytest.mark.parametrize("size,stride,offset", [((2, 2), (1, 2), 10), ((20,), (1,), 0), ((3,), (5,), 0),
+                                                 ((2,), (1,), 9)])
+def test_view_past_its_storage_raises_eagers_error(size, stride, offset):
+    # Meta kernels accept any as_strided geometry; the bytes are only 10 floats.
+    x_cpu = torch.randn(10)
+    x = (x_cpu.to("mgpu") + 0)  # a pending value, as views usually are
+    with pytest.raises(RuntimeError) as eager:
+        x_cpu.as_strided(size, stride, offset)
+    with pytest.raises(RuntimeError) as lazy:
+        x.as_strided(size, stride, offset)
+    assert str(lazy.value) == str(eager.value)
+    assert torch.equal(x.cpu(), x_cpu)
+
+
+@pytest.mark.parametrize("size,stride,offset", [((2, 2), (1, 2), 5), ((0,), (1,), 100), ((10,), (1,), 0),
+                                                 ((2,), (4,), 5)])
+def test_views_inside_the_storage_are_fine(size, stride, offset):
+    x_cpu = torch.randn(10)
+    x = x_cpu.to("mgpu") + 0
+    assert torch.equal(x.as_strided(size, stride, offset).cpu(), x_cpu.as_strided(size, stride, offset))
+    assert torch.equal(x[2:].as_strided(size[:1], stride[:1], min(offset, 8)).cpu(),
+                       x_cpu[2:].as_strided(size[:1], stride[:1], min(offset, 8)))

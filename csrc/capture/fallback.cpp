@@ -10,6 +10,7 @@
 #include "stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
@@ -383,6 +384,19 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return infos->emplace(&schema, info).first->second;
 }
 
+// A view must lie inside its storage. Meta kernels cannot check (a Meta
+// storage has no bytes; as_strided accepts any offset there); CPU and CUDA
+// do, with this message. Without it a view would read past the bytes.
+void check_in_storage(const TensorGeometry& g, const c10::Storage& storage) {
+  const size_t item = c10::elementSize(g.dtype);
+  const size_t extent = at::detail::computeStorageNbytes(g.sizes, g.strides, item);
+  if (extent == 0) return;  // no elements: any storage will do
+  const size_t needed = extent + static_cast<size_t>(g.offset) * item;
+  TORCH_CHECK(needed <= storage.nbytes(), "setStorage: sizes ", c10::IntArrayRef(g.sizes), ", strides ",
+              c10::IntArrayRef(g.strides), ", storage offset ", g.offset, ", and itemsize ", item,
+              " requiring a storage size of ", needed, " are out of bounds for storage of size ", storage.nbytes());
+}
+
 // Records the call; returns whether the node may run on the background
 // worker (see recorded()).
 bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
@@ -496,6 +510,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       at::Tensor same;
       for (const auto& m : call.mutated_slots)
         if (call.index_at(m) == t.alias) same = m;
+      if (!same.defined()) check_in_storage(t.geom, call.storages[t.alias]);
       results.push_back(same.defined() ? same : make_lazy_tensor(call.storages[t.alias], t.geom));
     } else if (empty_factory) {
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, ir::make_empty(t.nbytes)), t.geom));
