@@ -49,6 +49,28 @@ c10::Device device(int index) {
   return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)};
 }
 
+namespace engine {
+std::vector<TimelineEntry> timeline_of(const PlanRecord& rec) {
+  std::vector<TimelineEntry> out;
+  out.reserve(rec.graph.names.size());
+  for (size_t i = 0; i < rec.graph.names.size(); ++i) {
+    TimelineEntry e{static_cast<int>(i), std::string(rec.graph.names[i]), rec.lane_names[rec.lane_of[i]], 0, 0, 0, 0};
+    if (i < rec.timing.size()) {
+      e.start = rec.timing[i].start;
+      e.end = rec.timing[i].end;
+      e.threads = rec.timing[i].threads;
+    }
+    if (i < rec.fused.size()) e.fused = rec.fused[i];
+    if (i < rec.predicted_start.size()) {
+      e.predicted_start = rec.predicted_start[i];
+      e.predicted_end = rec.predicted_end[i];
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+} // namespace engine
+
 namespace {
 LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   LastPlan out;
@@ -64,20 +86,7 @@ LastPlan to_public(const std::shared_ptr<const engine::PlanRecord>& rec) {
   out.measured_makespan = rec->measured_makespan;
   out.refined = rec->refined;
   out.graph_hash = rec->graph_hash;
-  for (size_t i = 0; i < rec->graph.names.size(); ++i) {
-    TimelineEntry e{static_cast<int>(i), std::string(rec->graph.names[i]), rec->lane_names[rec->lane_of[i]], 0, 0, 0, 0};
-    if (i < rec->timing.size()) {
-      e.start = rec->timing[i].start;
-      e.end = rec->timing[i].end;
-      e.threads = rec->timing[i].threads;
-    }
-    if (i < rec->fused.size()) e.fused = rec->fused[i];
-    if (i < rec->predicted_start.size()) {
-      e.predicted_start = rec->predicted_start[i];
-      e.predicted_end = rec->predicted_end[i];
-    }
-    out.timeline.push_back(e);
-  }
+  out.timeline = engine::timeline_of(*rec);
   return out;
 }
 } // namespace

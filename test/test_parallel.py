@@ -302,3 +302,26 @@ def test_small_products_on_one_lane_run_on_one_thread(lanes_config):
     threads = {e["op"] + str(i): e["threads"] for i, e in enumerate(torch_mgpu.last_plan().timeline())}
     assert sorted(threads.values()) == sorted([1, torch.get_num_threads()])
     del out_s, out_b
+
+
+def test_a_kept_plan_describes_its_own_graph(lanes_config):
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="heft")
+    saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        xs, ms = branches(n=3, size=32)
+        branchy(ms).cpu()
+        first = torch_mgpu.last_plan()
+        (ms[0] - 1).exp().cpu()  # a later sync, another graph
+        second = torch_mgpu.last_plan()
+    finally:
+        torch_mgpu.set_async_ops(saved)
+    ops = [e["op"] for e in first.timeline()]
+    assert len(first) == len(ops) and ops.count("aten::mm") == 3 and "aten::exp" not in ops
+    assert [e["op"] for e in second.timeline()] == ["aten::sub.Tensor", "aten::exp"]
+    dot = first.to_dot()
+    assert dot.startswith("digraph mgpu {") and dot.count("aten::mm") == 3 and "aten::exp" not in dot
+    # Every edge of the graph is drawn: an mm feeds each tanh.
+    assert dot.count("->") >= 3 * 3
+    assert "aten::mm" in str(first) and "aten::exp" in str(second)
+    assert first.graph_hash != second.graph_hash

@@ -13,17 +13,25 @@ class Plan:
     first runs measured.
     """
 
-    def __init__(self, record: dict):
-        self._r = record
-        self.lanes = list(record["lanes"])
-        self.policy = record["policy"]
-        self.predicted_makespan = record["predicted_makespan"]
-        self.measured_makespan = record["measured_makespan"]
-        self.refined = record["refined"]
-        self.graph_hash = record["graph_hash"]
-        self.lanes_used = record["lanes_used"]
-        self.transfers = record["transfers"]
-        self.fused_nodes = sum(1 for e in record["timeline"] if e["fused"] >= 0)
+    def __init__(self, record):
+        self._rec = record  # read on demand: text, graphviz and the timeline cost per node
+        head = record.summary()
+        self.lanes = list(head["lanes"])
+        self.policy = head["policy"]
+        self.predicted_makespan = head["predicted_makespan"]
+        self.measured_makespan = head["measured_makespan"]
+        self.refined = head["refined"]
+        self.graph_hash = head["graph_hash"]
+        self.lanes_used = head["lanes_used"]
+        self.transfers = head["transfers"]
+        self.fused_nodes = head["fused_nodes"]
+        self._nodes = head["nodes"]
+        self._timeline = None
+
+    def _entries(self) -> list:
+        if self._timeline is None:
+            self._timeline = self._rec.timeline()
+        return self._timeline
 
     def timeline(self) -> list:
         """Per node: {node, op, lane, start, end} measured (seconds from the
@@ -31,15 +39,15 @@ class Plan:
         intra-op threads it ran with, and `fused`: the pointwise group the
         node ran in as one pass (-1: it ran alone; a group's measured time is
         shared out evenly over its nodes)."""
-        return [dict(e) for e in self._r["timeline"]]
+        return [dict(e) for e in self._entries()]
 
     def busy_lanes(self) -> set:
-        return {e["lane"] for e in self._r["timeline"]}
+        return {e["lane"] for e in self._entries()}
 
     def max_concurrency(self) -> int:
         """Most nodes measured running at the same instant."""
         events = []
-        for e in self._r["timeline"]:
+        for e in self._entries():
             if e["end"] > e["start"]:
                 events += [(e["start"], 1), (e["end"], -1)]
         best = cur = 0
@@ -49,10 +57,10 @@ class Plan:
         return best
 
     def to_dot(self) -> str:
-        return self._r["dot"]
+        return self._rec.dot()
 
     def __len__(self) -> int:
-        return len(self._r["timeline"])
+        return self._nodes
 
     def __str__(self) -> str:
         lines = [

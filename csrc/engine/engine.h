@@ -5,6 +5,8 @@
 #include "plan/plan.h"
 #include "runtime/executor.h"
 
+#include <torch_mgpu/mgpu.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +31,8 @@ struct PlanRecord {
 };
 
 std::shared_ptr<const PlanRecord> last_plan();
+// Per node: op, lane, measured and predicted times (the public TimelineEntry).
+std::vector<TimelineEntry> timeline_of(const PlanRecord& rec);
 
 // Lanes and policy. Empty / non-positive arguments keep the current value.
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy);

@@ -4,6 +4,8 @@
 #include "capture/random.h"
 #include "engine/engine.h"
 
+#include <algorithm>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
@@ -11,21 +13,37 @@
 namespace py = pybind11;
 
 namespace {
-py::object plan_dict(const torch_mgpu::LastPlan& p) {
-  if (!p.valid) return py::none();
+// A plan record, read by torch_mgpu.Plan on demand: last_plan() costs no
+// text, graphviz or per-node objects until they are asked for (building
+// them all for a 1000-node plan took a millisecond).
+struct PlanHandle {
+  std::shared_ptr<const torch_mgpu::engine::PlanRecord> rec;
+};
+
+py::object plan_handle(std::shared_ptr<const torch_mgpu::engine::PlanRecord> rec) {
+  if (!rec) return py::none();
+  return py::cast(PlanHandle{std::move(rec)});
+}
+
+py::dict plan_summary(const PlanHandle& h) {
+  const auto& r = *h.rec;
   py::dict d;
-  d["text"] = p.text;
-  d["dot"] = p.dot;
-  d["policy"] = p.policy;
-  d["lanes"] = p.lanes;
-  d["lanes_used"] = p.lanes_used;
-  d["transfers"] = p.transfers;
-  d["predicted_makespan"] = p.predicted_makespan;
-  d["measured_makespan"] = p.measured_makespan;
-  d["refined"] = p.refined;
-  d["graph_hash"] = p.graph_hash;
+  d["policy"] = r.policy;
+  d["lanes"] = r.lane_names;
+  d["lanes_used"] = r.lanes_used;
+  d["transfers"] = r.transfers;
+  d["predicted_makespan"] = r.predicted_makespan;
+  d["measured_makespan"] = r.measured_makespan;
+  d["refined"] = r.refined;
+  d["graph_hash"] = r.graph_hash;
+  d["nodes"] = r.graph.names.size();
+  d["fused_nodes"] = std::count_if(r.fused.begin(), r.fused.end(), [](int g) { return g >= 0; });
+  return d;
+}
+
+py::list plan_timeline(const PlanHandle& h) {
   py::list tl;
-  for (const auto& e : p.timeline) {
+  for (const auto& e : torch_mgpu::engine::timeline_of(*h.rec)) {
     py::dict x;
     x["node"] = e.node;
     x["op"] = e.op;
@@ -38,8 +56,7 @@ py::object plan_dict(const torch_mgpu::LastPlan& p) {
     x["threads"] = e.threads;
     tl.append(x);
   }
-  d["timeline"] = tl;
-  return d;
+  return tl;
 }
 } // namespace
 
@@ -67,7 +84,11 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("lanes", &torch_mgpu::lanes);
   m.def("policy", [] { return torch_mgpu::policy(); });
-  m.def("_last_plan", [] { return plan_dict(torch_mgpu::last_plan()); });
+  py::class_<PlanHandle>(m, "_PlanRecord")
+      .def("summary", &plan_summary)
+      .def("timeline", &plan_timeline)
+      .def("dot", [](const PlanHandle& h) { return torch_mgpu::ir::to_dot(h.rec->graph, h.rec->lane_of); });
+  m.def("_last_plan", [] { return plan_handle(torch_mgpu::engine::last_plan()); });
   m.def("_cost_model", [] {
     const auto& cm = torch_mgpu::engine::cost_model();
     py::dict d;
@@ -86,17 +107,17 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
-    torch_mgpu::Simulation s;
+    torch_mgpu::engine::Simulation s;
     {
       py::gil_scoped_release nogil;
-      s = torch_mgpu::simulate(devices, lanes, policy);
+      s = torch_mgpu::engine::simulate(devices, lanes, policy);
     }
     py::dict d;
     d["makespan"] = s.makespan;
     d["lower_bound"] = s.lower_bound;
     d["critical_path"] = s.critical_path;
     d["total_work"] = s.total_work;
-    d["plan"] = plan_dict(s.plan);
+    d["plan"] = plan_handle(s.plan);
     return d;
   });
 }
