@@ -14,6 +14,7 @@ int64_t pending_ops() { return ir::pending_op_count(); }
 
 std::map<std::string, int64_t> stats() {
   auto& c = counters();
+  const auto host = runtime::host_cache_stats();  // one snapshot, one lock
   return {
       {"ops_captured", c.ops_captured.load()},
       {"ops_executed", c.ops_executed.load()},
@@ -32,8 +33,8 @@ std::map<std::string, int64_t> stats() {
       {"background_flushes", c.background_flushes.load()},
       {"background_wait_us", c.background_wait_us.load()},
       {"pending_ops", ir::pending_op_count()},
-      {"host_cache_bytes", runtime::host_cache_stats().cached_bytes},
-      {"host_cache_hits", runtime::host_cache_stats().hits},
+      {"host_cache_bytes", host.cached_bytes},
+      {"host_cache_hits", host.hits},
   };
 }
 
