@@ -587,7 +587,7 @@ void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   if (op_info(op).eager) {
     eager_fallback(op, stack);
     return;

@@ -10,11 +10,19 @@ std::unordered_set<LazyBuffer*>& registry() {
   return *r;
 }
 
+// Runs wherever a storage dies, often with the GIL held: never waits for the
+// state lock (see state_lock.h).
 void delete_buffer(void* ctx) {
   auto* b = static_cast<LazyBuffer*>(ctx);
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
-  registry().erase(b);
-  delete b;  // drops the value: a dead branch of the graph is freed here
+  {
+    StateLock lock(std::try_to_lock);
+    if (lock.owns()) {
+      free_buffer(b);
+      return;
+    }
+  }
+  defer_free(b);
+  StateLock again(std::try_to_lock);  // freed on release, if the holder has let go meanwhile
 }
 
 struct LazyAllocator final : c10::Allocator {
@@ -23,7 +31,7 @@ struct LazyAllocator final : c10::Allocator {
     b->value.node = ir::make_empty(nbytes);
     // Device index: storages are created through new_storage, which fixes it.
     {
-      std::lock_guard<std::recursive_mutex> lock(state_mutex());
+      StateLock lock;
       registry().insert(b);
     }
     return {b, b, &delete_buffer, c10::Device(c10::DeviceType::PrivateUse1, 0)};
@@ -35,9 +43,9 @@ struct LazyAllocator final : c10::Allocator {
 };
 } // namespace
 
-std::recursive_mutex& state_mutex() {
-  static auto* m = new std::recursive_mutex();
-  return *m;
+void free_buffer(LazyBuffer* b) {
+  registry().erase(b);
+  delete b;  // drops the value: a dead branch of the graph is freed here
 }
 
 c10::Allocator* lazy_allocator() {
@@ -88,7 +96,7 @@ at::Tensor meta_view(const c10::Storage& meta_storage, const ir::TensorGeometry&
 }
 
 std::vector<LazyBuffer*> pending_buffers() {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   std::vector<LazyBuffer*> out;
   for (auto* b : registry())
     if (b->value.node && b->value.node->is_pending()) out.push_back(b);

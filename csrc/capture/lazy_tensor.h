@@ -4,6 +4,7 @@
 // DataPtr context is a LazyBuffer, which names the storage's current contents
 // as an IR Value. Views share the StorageImpl exactly as CPU views do; an
 // in-place op records a node that produces the storage's next version.
+#include "capture/state_lock.h"
 #include "ir/node.h"
 #include "ir/view.h"
 
@@ -15,15 +16,10 @@
 namespace torch_mgpu::capture {
 
 struct LazyBuffer {
-  // Current version of the storage's bytes. Guarded by state_mutex().
+  // Current version of the storage's bytes. Guarded by the state lock.
   ir::Value value;
   c10::DeviceIndex device = 0;
 };
-
-// One lock guards the lazy state: buffers' values, the registry and the
-// pending graph. Recursive because a storage can die (its deleter locks)
-// while a capture or sync on the same thread holds the lock.
-std::recursive_mutex& state_mutex();
 
 // The allocator behind mgpu storages: allocating creates a LazyBuffer whose
 // contents are uninitialized (an Empty value); nothing is allocated on a lane

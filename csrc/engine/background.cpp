@@ -20,7 +20,7 @@ namespace engine {
 namespace {
 
 // The background worker: runs one flight at a time. A waiting capture
-// thread holds state_mutex(); the worker never takes it, and binding is done
+// thread holds the state lock; the worker never takes it, and binding is done
 // by whoever waits (see finish_flight).
 class Worker {
  public:
@@ -75,7 +75,9 @@ class Worker {
       try {
         e->run();
       } catch (...) {
-        e->ran = false;  // planning failed: the nodes stay pending for the next sync
+        // Building or planning failed before anything ran (e->ran is
+        // false): the nodes stay pending, and the next sync plans them again
+        // in the foreground and raises there.
       }
       e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
       {
@@ -96,7 +98,7 @@ class Worker {
   std::thread thread_;
 };
 
-// Background execution state. Guarded by state_mutex().
+// Background execution state. Guarded by the state lock.
 struct Background {
   std::shared_ptr<Execution> flight;   // running or finished, not yet bound
   std::exception_ptr error;            // first error of a bound flight, for the next sync
@@ -151,13 +153,13 @@ using engine::finish_flight;
 using engine::Worker;
 
 int64_t async_ops() {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   return background().threshold;
 }
 
 void set_async_ops(int64_t n) {
   TORCH_CHECK(n >= 0, "async_ops must be >= 0 (0 turns background execution off), got ", n);
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   background().threshold = n;
 }
 

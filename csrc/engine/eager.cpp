@@ -16,7 +16,7 @@
 namespace torch_mgpu::capture {
 
 void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
@@ -120,7 +120,7 @@ bool is_fresh_dense(const at::Tensor& self) {
 }
 
 at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   if (is_mgpu(self)) {
     if (!is_mgpu(src)) {
       TORCH_CHECK(src.device().is_cpu(), "mgpu: cannot copy from a tensor on ", src.device());
@@ -171,7 +171,7 @@ void check_mgpu_storage(const at::Tensor& self, const c10::Storage& source) {
 
 at::Tensor& mgpu_set_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                                     c10::SymIntArrayRef stride) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   check_mgpu_storage(self, source);
   std::vector<int64_t> sizes, strides;
   for (const auto& v : size) sizes.push_back(v.expect_int());
@@ -221,7 +221,7 @@ at::Tensor& mgpu_set_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& mgpu_set_empty(at::Tensor& self) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_storage_keep_dtype(new_storage(0, self.device().index()));
   impl->set_sizes_contiguous({0});

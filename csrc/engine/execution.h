@@ -15,27 +15,38 @@ inline int64_t micros(clock::time_point a, clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
 }
 
+// Where graphs run: the lanes' topology, their places and the policy.
+// Never changed once made: configure() makes a new one.
+struct Lanes {
+  plan::Topology topo;
+  std::vector<runtime::Place> places;
+  std::string policy;
+};
+// The lanes configured now.
+std::shared_ptr<const Lanes> current_lanes();
+
 // One execution of a graph: built, planned and run either by the sync
 // itself (a foreground sync) or by the background worker (a flight).
 struct Execution {
+  std::shared_ptr<const Lanes> lanes = current_lanes();  // as configured when it was made
   std::vector<ir::Value> roots;  // the live pending values when it started
   ir::Graph g;
   std::shared_ptr<const plan::Plan> plan;
   runtime::ExecResult result;
   std::shared_ptr<const PlanRecord> record;  // for last_plan()
-  bool ran = false;  // graph built, planned and executed
+  bool ran = false;  // execution began: the results must be bound
 
   void run();  // build, plan (cached), execute, describe
 };
 
-// Binds an execution's results (see sync.cpp). Under state_mutex(), with
+// Binds an execution's results (see sync.cpp). Under the state lock, with
 // nothing running.
 void bind(Execution& e);
 // The live pending values, in creation order (a program builds the same
 // graph every time).
 std::vector<ir::Value> pending_roots();
 
-// Background execution (background.cpp), under state_mutex().
+// Background execution (background.cpp), under the state lock.
 // Waits for the running flight, if any, and binds it.
 void finish_flight();
 // After a sync ran everything pending: restarts the flush count and returns

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -47,7 +48,7 @@ std::vector<capture::LazyBuffer*> collect() {
 // The value a storage ends with when the node making it did not run: an
 // in-place write that failed leaves the storage as it was before the op
 // (when that earlier version survives); anything else becomes an error.
-ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& res, const plan::Plan& p) {
+ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& res) {
   while (true) {
     const int i = g.find(v.node.get());
     if (i < 0) return v;  // materialized before this sync
@@ -56,10 +57,14 @@ ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& re
       TORCH_INTERNAL_ASSERT(static_cast<bool>(s), "mgpu: a result was freed before binding");
       return ir::Value{ir::make_data(std::move(s)), 0};
     }
+    // An in-place write that did not happen leaves the storage with its
+    // previous version: its own bytes when the node wrote a copy, the same
+    // bytes when it was to write in place (a node fails before it writes,
+    // or, as in eager, part-way). Either way the write happened once or
+    // not at all, and the storage stays readable.
     const auto& out = v.node->outputs[v.index];
-    int k = out.mutated_operand;
-    if (k >= 0 && !p.reuse[i][k]) {
-      v = v.node->operands[k];
+    if (out.mutated_operand >= 0) {
+      v = v.node->operands[out.mutated_operand];
       continue;
     }
     std::string why = res.first_message.empty() ? std::string("an earlier op failed") : res.first_message;
@@ -129,6 +134,7 @@ constexpr int kStreamsPerDevice = 4;
 // than kRefineOff. Later runs keep that plan (no flip-flop under noise).
 struct CachedPlan {
   std::shared_ptr<const plan::Plan> plan;
+  const Lanes* lanes = nullptr;  // what it was planned for (the cache is emptied when they change)
   std::vector<std::vector<double>> ratios;  // per node, one per measured run
   int runs = 0;
   bool settled = false;
@@ -147,11 +153,14 @@ bool refine_enabled() {
   return on;
 }
 
-// Lanes (and their places), policy and the plan cache. Guarded by state_mutex().
+// Lanes (and their places), the policy and the plan cache.
+// Locking: `m` guards the pointer `lanes` and `plans`; a Lanes never
+// changes once made (configure() swaps in a new one), so an execution reads
+// the one it started with, with no lock. Only configure() writes `lanes`,
+// under the state lock and with no flight running.
 struct Config {
-  plan::Topology topo;
-  std::vector<runtime::Place> places;
-  std::string policy = "auto";
+  std::mutex m;
+  std::shared_ptr<const Lanes> lanes;
   std::unordered_map<uint64_t, CachedPlan> plans;  // by graph hash
   Config() {
     const char* d = std::getenv("TORCH_MGPU_DEVICES");
@@ -164,8 +173,7 @@ struct Config {
       for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
       if (devices.empty()) devices.push_back("cpu");
     }
-    set(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)));
-    if (p) policy = p;
+    lanes = make_lanes(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)), p ? p : "auto");
   }
   static int default_lanes(const std::vector<std::string>& devices) {
     if (!devices.empty() && devices[0].rfind("cuda", 0) == 0) return kStreamsPerDevice;
@@ -177,9 +185,12 @@ struct Config {
     check_devices(t);
     return t;
   }
-  void set(plan::Topology t) {
-    places = runtime::make_places(t);
-    topo = std::move(t);
+  static std::shared_ptr<const Lanes> make_lanes(plan::Topology t, std::string policy) {
+    auto l = std::make_shared<Lanes>();
+    l->places = runtime::make_places(t);
+    l->topo = std::move(t);
+    l->policy = std::move(policy);
+    return l;
   }
 };
 
@@ -188,38 +199,39 @@ Config& config() {
   return *c;
 }
 
-std::mutex& plans_mutex() {
-  static std::mutex m;
-  return m;
-}
-
 // Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
 // stream lanes run every node alone.
-bool fused_lanes() { return plan::fusion_enabled() && !config().topo.cuda; }
+bool fused_lanes(const Lanes& l) { return plan::fusion_enabled() && !l.topo.cuda; }
 
-std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g) {
-  auto& c = config();
+std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
-    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, c.topo, cost_model(), fused_lanes()));
-  std::lock_guard<std::mutex> lock(plans_mutex());
+    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, l.topo, cost_model(), fused_lanes(l)));
+  const auto& cm = cost_model();  // before the config lock: it reads the lanes
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
   auto it = c.plans.find(g.hash);
-  if (it != c.plans.end()) {
+  if (it != c.plans.end() && it->second.lanes == &l) {
     counters().plan_cache_hits++;
     return it->second.plan;
   }
-  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy, fused_lanes()));
+  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l)));
   counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
-  c.plans[g.hash].plan = p;
+  CachedPlan& e = c.plans[g.hash];
+  e = CachedPlan();
+  e.plan = p;
+  e.lanes = &l;
   return p;
 }
 
 // Records what a run of cached plan `p` measured (see CachedPlan), and plans
 // the graph again with the measured scales when the runs are in.
-void learn(const ir::Graph& g, const std::shared_ptr<const plan::Plan>& p, const runtime::ExecResult& r) {
+void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan::Plan>& p,
+           const runtime::ExecResult& r) {
   if (!refine_enabled() || r.first_error || r.timing.size() != g.size()) return;
+  const auto& cm = cost_model();  // before the config lock: it reads the lanes
   auto& c = config();
-  std::lock_guard<std::mutex> lock(plans_mutex());
+  std::lock_guard<std::mutex> lock(c.m);
   auto it = c.plans.find(g.hash);
   if (it == c.plans.end() || it->second.plan != p || it->second.settled) return;
   CachedPlan& e = it->second;
@@ -246,23 +258,30 @@ void learn(const ir::Graph& g, const std::shared_ptr<const plan::Plan>& p, const
   }
   e.ratios.clear();
   if (!off) return;  // the model was right: keep the plan
-  e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, c.topo, cost_model(), c.policy, fused_lanes(), scale));
+  e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l), scale));
   counters().plans_built++;
 }
 
 } // namespace
 
+std::shared_ptr<const Lanes> current_lanes() {
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
+  return c.lanes;
+}
+
 std::shared_ptr<const PlanRecord> last_plan() {
-  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
+  capture::StateLock lock;
   return last_plan_slot();
 }
 
 const plan::CostModel& cost_model() {
   static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
-  if (config().topo.cuda) {
+  auto lanes = current_lanes();
+  if (lanes->topo.cuda) {
     // Devices of one topology are taken to be alike: the first one is measured.
     static plan::CostModel device_cm = skip ? plan::CostModel()
-                                            : runtime::calibrate_device(config().places.at(0).device);
+                                            : runtime::calibrate_device(lanes->places.at(0).device);
     return device_cm;
   }
   static plan::CostModel cm = skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores());
@@ -270,45 +289,42 @@ const plan::CostModel& cost_model() {
 }
 
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
-  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
-  auto& c = config();
+  capture::StateLock lock;
   if (!policy.empty()) {
     TORCH_CHECK(policy == "auto" || policy == "heft" || policy == "serial", "torch_mgpu: unknown policy '", policy,
                 "' (expected 'serial', 'heft' or 'auto')");
   }
-  std::vector<std::string> devs = devices.empty() ? c.topo.devices : devices;
-  int lanes = lanes_per_device > 0 ? lanes_per_device : c.topo.lanes_per_device;
+  auto now = current_lanes();
+  std::vector<std::string> devs = devices.empty() ? now->topo.devices : devices;
+  int lanes = lanes_per_device > 0 ? lanes_per_device : now->topo.lanes_per_device;
   if (!devices.empty() && lanes_per_device <= 0) lanes = Config::default_lanes(devs);
   auto topo = Config::checked_topology(devs, lanes);  // refused before anything runs
-  capture::sync_all();  // pending work runs where it was planned to
-  c.set(std::move(topo));
-  if (!policy.empty()) c.policy = policy;
-  std::lock_guard<std::mutex> plans_lock(plans_mutex());
+  capture::sync_all();  // pending work runs where it was planned to (and no flight runs on)
+  auto next = Config::make_lanes(std::move(topo), policy.empty() ? now->policy : policy);
+  auto& c = config();
+  std::lock_guard<std::mutex> config_lock(c.m);
+  c.lanes = std::move(next);
   c.plans.clear();
 }
 
 std::vector<std::string> lane_names() {
-  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
   std::vector<std::string> out;
-  for (const auto& l : config().topo.lanes) out.push_back(l.name);
+  for (const auto& l : current_lanes()->topo.lanes) out.push_back(l.name);
   return out;
 }
 
-std::string policy() {
-  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
-  return config().policy;
-}
+std::string policy() { return current_lanes()->policy; }
 
 Simulation simulate(int devices, int lanes_per_device, const std::string& policy) {
-  std::lock_guard<std::recursive_mutex> lock(capture::state_mutex());
-  auto& c = config();
+  capture::StateLock lock;
+  auto lanes = current_lanes();
   TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
-  auto topo = plan::virtual_topology(c.topo, devices, lanes_per_device);
+  auto topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
   std::vector<ir::Value> roots;
   for (auto* b : collect()) roots.push_back(b->value);
   ir::Graph g = ir::build_graph(roots);
   const auto& cm = cost_model();
-  plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? c.policy : policy);
+  plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? lanes->policy : policy);
   auto e = plan::estimate(g, topo, cm);
   Simulation s;
   s.makespan = p.predicted_makespan;
@@ -319,27 +335,36 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   return s;
 }
 
+// Building and planning may throw: then nothing ran, and the nodes stay
+// pending. Execution never throws (a node that fails fails alone), and once
+// it has begun the results must be bound whatever happens after: an
+// in-place write that ran must not run again.
 void Execution::run() {
   auto t0 = clock::now();
   g = ir::build_graph(roots);
   auto t1 = clock::now();
-  plan = plan_for(g);
+  plan = plan_for(g, *lanes);
   counters().syncs++;
   auto t2 = clock::now();
-  result = runtime::execute(g, *plan, config().places);
-  record = engine::describe(g, *plan, &result);
-  learn(g, plan, result);
+  result = runtime::execute(g, *plan, lanes->places);
+  ran = true;
+  try {
+    record = engine::describe(g, *plan, &result);
+    learn(g, *lanes, plan, result);
+  } catch (const std::exception&) {
+    // What the plan did and learned is lost (memory ran out); the results
+    // are not.
+  }
   auto t3 = clock::now();
   counters().sync_graph_us += micros(t0, t1);
   counters().sync_plan_us += micros(t1, t2);
   counters().sync_execute_us += micros(t2, t3);
-  ran = true;
 }
 
 // Binds an execution's results: each root value becomes the Data (or Error)
 // leaf it resolved to, in the live storages that hold it and in the nodes
 // recorded since it started (a flight runs while capture goes on, and new
-// nodes may read its roots). Under state_mutex(), with nothing running.
+// nodes may read its roots). Under the state lock, with nothing running.
 void bind(Execution& e) {
   auto t0 = clock::now();
   const ir::Graph& g = e.g;
@@ -348,7 +373,7 @@ void bind(Execution& e) {
   std::map<std::pair<const ir::Node*, int>, ir::Value> leaf;
   for (const auto& r : g.roots)
     if (in_graph(r) && !leaf.count({r.node.get(), r.index}))
-      leaf.emplace(std::make_pair(r.node.get(), r.index), resolve(r, g, e.result, *e.plan));
+      leaf.emplace(std::make_pair(r.node.get(), r.index), resolve(r, g, e.result));
   auto leaf_of = [&](const ir::Value& v) -> ir::Value {
     auto it = leaf.find({v.node.get(), v.index});
     if (it != leaf.end()) return it->second;
@@ -389,11 +414,12 @@ std::vector<ir::Value> pending_roots() {
 namespace capture {
 
 namespace {
-int64_t& max_pending_slot() {
-  static int64_t n = [] {
+// Read by every capture, set from any thread: atomic.
+std::atomic<int64_t>& max_pending_slot() {
+  static std::atomic<int64_t> n{[] {
     const char* e = std::getenv("TORCH_MGPU_MAX_PENDING");
     return e ? std::max<int64_t>(1, std::atoll(e)) : int64_t{100000};
-  }();
+  }()};
   return n;
 }
 } // namespace
@@ -405,7 +431,7 @@ void set_max_pending_ops(int64_t n) {
 }
 
 void sync_all() {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   engine::finish_flight();  // a flight binds first: the sync computes what is still pending
   engine::Execution e;
   e.roots = engine::pending_roots();
@@ -419,7 +445,7 @@ void sync_all() {
 }
 
 c10::Storage materialize(const c10::Storage& mgpu_storage) {
-  std::lock_guard<std::recursive_mutex> lock(state_mutex());
+  StateLock lock;
   auto* b = buffer_of(mgpu_storage);
   if (b->value.node->is_pending()) sync_all();
   const auto& n = *b->value.node;
@@ -430,9 +456,9 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
       // both (lanes on that device read the device bytes with no transfer).
       c10::Storage host = runtime::copy_to(n.data, c10::Device(c10::kCPU));
       auto leaf = ir::make_data(host);
-      leaf->replicas.push_back(n.data);
-      for (const auto& r : n.replicas)
-        if (!r.device().is_cpu()) leaf->replicas.push_back(r);
+      leaf->add_replica(n.data);
+      for (const auto& r : n.replicas())
+        if (!r.device().is_cpu()) leaf->add_replica(r);
       b->value = ir::Value{leaf, 0};
       return host;
     }

@@ -75,6 +75,23 @@ uint64_t hash_ivalue(const c10::IValue& v) {
   return hash_combine(0x1f, hash_bytes(v.tagKind().data(), v.tagKind().size()));
 }
 
+c10::Storage Node::replica(c10::Device device) const {
+  std::lock_guard<std::mutex> lock(replicas_mutex_);
+  for (const auto& r : replicas_)
+    if (r.device() == device) return r;
+  return {};
+}
+
+void Node::add_replica(c10::Storage copy) const {
+  std::lock_guard<std::mutex> lock(replicas_mutex_);
+  replicas_.push_back(std::move(copy));
+}
+
+std::vector<c10::Storage> Node::replicas() const {
+  std::lock_guard<std::mutex> lock(replicas_mutex_);
+  return replicas_;
+}
+
 Node::Node() : id(g_next_id.fetch_add(1)) {
   g_pending.fetch_add(1);
 }

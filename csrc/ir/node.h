@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -92,8 +93,11 @@ struct Node {
   c10::Storage data;   // Data nodes only
   // Data nodes only: copies of `data` on other devices, made where lanes on
   // those devices read it (the bytes never change, so a copy stays valid).
-  // Written by the executor under its lock.
-  std::vector<c10::Storage> replicas;
+  // A flight's lanes add them while the capture thread may read them: under
+  // their own mutex. replica() is empty when there is none on `device`.
+  c10::Storage replica(c10::Device device) const;
+  void add_replica(c10::Storage copy) const;
+  std::vector<c10::Storage> replicas() const;
   std::string error;   // Error nodes only
   // Ops that draw from a global generator with no Generator argument run
   // with this seed, so that results do not depend on the schedule.
@@ -113,6 +117,8 @@ struct Node {
 
  private:
   mutable std::optional<uint64_t> hash_;
+  mutable std::mutex replicas_mutex_;
+  mutable std::vector<c10::Storage> replicas_;
 };
 
 // A string that lives as long as the process, equal to `s`: node names are

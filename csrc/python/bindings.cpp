@@ -2,7 +2,9 @@
 #include <torch_mgpu/mgpu.h>
 
 #include "capture/random.h"
+#include "capture/state_lock.h"
 #include "engine/engine.h"
+#include "runtime/faults.h"
 
 #include <algorithm>
 
@@ -41,6 +43,13 @@ py::dict plan_summary(const PlanHandle& h) {
   return d;
 }
 
+// Python's GIL, for the engine: taking its state lock lets go of the GIL
+// first (capture/state_lock.h), so that no thread ever waits for the state
+// lock while holding the GIL.
+bool gil_held() { return Py_IsInitialized() && PyGILState_Check(); }
+void* gil_release() { return PyEval_SaveThread(); }
+void gil_restore(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
+
 py::list plan_timeline(const PlanHandle& h) {
   py::list tl;
   for (const auto& e : torch_mgpu::engine::timeline_of(*h.rec)) {
@@ -62,14 +71,18 @@ py::list plan_timeline(const PlanHandle& h) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_mgpu: lazy multi-lane executor behind the mgpu device";
-  m.def("synchronize", &torch_mgpu::synchronize, py::call_guard<py::gil_scoped_release>());
-  m.def("pending_ops", &torch_mgpu::pending_ops);
-  m.def("stats", &torch_mgpu::stats);
-  m.def("empty_cache", &torch_mgpu::empty_cache);
-  m.def("max_pending_ops", &torch_mgpu::max_pending_ops);
-  m.def("set_max_pending_ops", &torch_mgpu::set_max_pending_ops);
-  m.def("async_ops", &torch_mgpu::async_ops);
-  m.def("set_async_ops", &torch_mgpu::set_async_ops);
+  torch_mgpu::capture::set_interpreter_lock({&gil_held, &gil_release, &gil_restore});
+  // Every call that reaches the engine lets go of the GIL while it runs
+  // (results are converted to Python objects after it is taken back).
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("synchronize", &torch_mgpu::synchronize, nogil());
+  m.def("pending_ops", &torch_mgpu::pending_ops, nogil());
+  m.def("stats", &torch_mgpu::stats, nogil());
+  m.def("empty_cache", &torch_mgpu::empty_cache, nogil());
+  m.def("max_pending_ops", &torch_mgpu::max_pending_ops, nogil());
+  m.def("set_max_pending_ops", &torch_mgpu::set_max_pending_ops, nogil());
+  m.def("async_ops", &torch_mgpu::async_ops, nogil());
+  m.def("set_async_ops", &torch_mgpu::set_async_ops, nogil());
   m.def("device_count", [] { return 1; });
   m.def("default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
@@ -79,18 +92,30 @@ PYBIND11_MODULE(_C, m) {
     auto gen = torch_mgpu::capture::default_generator(0);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_current_seed(seed);
-  });
+  }, nogil());
   m.def("configure", &torch_mgpu::configure, py::arg("devices"), py::arg("lanes_per_device"), py::arg("policy"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("lanes", &torch_mgpu::lanes);
-  m.def("policy", [] { return torch_mgpu::policy(); });
+        nogil());
+  m.def("lanes", &torch_mgpu::lanes, nogil());
+  m.def("policy", [] { return torch_mgpu::policy(); }, nogil());
   py::class_<PlanHandle>(m, "_PlanRecord")
       .def("summary", &plan_summary)
       .def("timeline", &plan_timeline)
       .def("dot", [](const PlanHandle& h) { return torch_mgpu::ir::to_dot(h.rec->graph, h.rec->lane_of); });
-  m.def("_last_plan", [] { return plan_handle(torch_mgpu::engine::last_plan()); });
+  m.def("_last_plan", [] {
+    std::shared_ptr<const torch_mgpu::engine::PlanRecord> rec;
+    {
+      py::gil_scoped_release nogil;
+      rec = torch_mgpu::engine::last_plan();
+    }
+    return plan_handle(std::move(rec));
+  });
   m.def("_cost_model", [] {
-    const auto& cm = torch_mgpu::engine::cost_model();
+    const torch_mgpu::plan::CostModel* model = nullptr;
+    {
+      py::gil_scoped_release nogil;  // the first call calibrates on the lanes
+      model = &torch_mgpu::engine::cost_model();
+    }
+    const auto& cm = *model;
     py::dict d;
     d["gemm_flops_per_s"] = cm.gemm_flops_per_s;
     d["small_gemm_flops_per_s"] = cm.small_gemm_flops_per_s;
@@ -106,6 +131,10 @@ PYBIND11_MODULE(_C, m) {
     d["calibrated"] = cm.calibrated;
     return d;
   });
+  // Tests only: make the n-th node / transfer / event wait / stream
+  // synchronize from now throw (runtime/faults.h).
+  m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1);
+  m.def("_faults_fired", &torch_mgpu::runtime::faults_fired);
   m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
     torch_mgpu::engine::Simulation s;
     {

@@ -8,6 +8,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 
+#include "runtime/faults.h"
 #include "runtime/host_cache.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
@@ -266,13 +267,13 @@ struct Run {
   c10::Storage leaf(const ir::Node& n, const Place& place) {
     if (n.kind == ir::NodeKind::Empty) return allocate(n.outputs[0].nbytes, place.device);
     if (n.data.device() == place.device) return n.data;
-    for (const auto& r : n.replicas)
-      if (r.device() == place.device) return r;
+    if (auto r = n.replica(place.device)) return r;
     // Made under the lock (once per device, the first time a device reads
     // it) and complete on return: the copy is kept and read on any stream.
+    fault_point(FaultPoint::Transfer);
     c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
     counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
-    const_cast<ir::Node&>(n).replicas.push_back(moved);
+    n.add_replica(moved);
     return moved;
   }
 
@@ -291,7 +292,10 @@ struct Run {
       // Made, or being made, by another lane of this device: wait for it.
       cv.wait(lock, [&] { return c->second.done; });
       TORCH_CHECK(static_cast<bool>(c->second.bytes), "mgpu: copying a value to ", place.device, " failed");
-      if (c->second.ready && c->second.lane != lane) c->second.ready->block(place.stream);
+      if (c->second.ready && c->second.lane != lane) {
+        fault_point(FaultPoint::EventWait);
+        c->second.ready->block(place.stream);
+      }
       return c->second.bytes;
     }
     lock.unlock();
@@ -302,6 +306,7 @@ struct Run {
       // this lane's stream (current for its device) waits for the copy.
       std::optional<c10::StreamGuard> on_producer;
       if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
+      fault_point(FaultPoint::Transfer);
       moved.bytes = copy_to(src, place.device);
       on_producer.reset();
       if (place.streams) {
@@ -364,11 +369,6 @@ struct Run {
       }
     }
     lock.unlock();
-    if (place.streams) {
-      for (int d : g.deps[i])
-        if (events[d] && p.lane_of[d] != lane) events[d]->block(place.stream);
-      for (const auto& s : operands) record_use(s, place.stream);
-    }
     std::optional<ScopedParallelism> narrow;
     if (!p.one_thread.empty() && p.one_thread[i]) narrow.emplace(1);
     NodeTiming timing;
@@ -379,6 +379,18 @@ struct Run {
     std::exception_ptr error;
     std::string message;
     try {
+      // Every failure of the node's own work, on the host or on its stream,
+      // is the node's error: waits for other lanes, the allocator's record
+      // of its operands, the kernel, the event after it.
+      if (place.streams) {
+        for (int d : g.deps[i])
+          if (events[d] && p.lane_of[d] != lane) {
+            fault_point(FaultPoint::EventWait);
+            events[d]->block(place.stream);
+          }
+        for (const auto& s : operands) record_use(s, place.stream);
+      }
+      fault_point(FaultPoint::Node, node.name);
       out = run_node(node, std::move(operands), p.reuse[i], place);
       if (events[i]) events[i]->record(place.stream);
     } catch (const std::exception& e) {
@@ -448,9 +460,14 @@ struct Run {
       c10::Storage bytes;
       if (!missing) {
         try {
-          bytes = operand(v, d, lane, lock);
-        } catch (const std::exception&) {
-          missing = true;
+          bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
+        } catch (const std::exception& ex) {
+          // Its transfer failed: the group fails with that error.
+          counters().execution_errors++;
+          for (const auto& step : grp.steps) fail(step.node, Status::Failed, std::current_exception(), message_of(ex));
+          lock.unlock();
+          cv.notify_all();
+          return;
         }
       }
       if (missing) {
@@ -470,6 +487,7 @@ struct Run {
     std::string message;
     try {
       RECORD_FUNCTION("mgpu::fused_pointwise", std::vector<c10::IValue>());
+      for (const auto& step : grp.steps) fault_point(FaultPoint::Node, g.nodes[step.node]->name);
       for (size_t k = 0; k < grp.steps.size(); ++k) {
         if (!grp.steps[k].materialize) continue;
         outputs[k] = allocate(g.nodes[grp.steps[k].node]->outputs[0].nbytes, place.device);
@@ -506,9 +524,29 @@ struct Run {
     if (parallel) cv.notify_all();
   }
 
+  // Node i failed outside its own try (a wait, a lock, an allocation of the
+  // executor's): it fails alone, so that no lane waits for it forever.
+  void fail_unexpected(int i, std::exception_ptr e) {
+    std::string msg = "an error in the executor";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      msg = message_of(ex);
+    } catch (...) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (res.status[i] != Status::NotRun) return;
+      counters().execution_errors++;
+      fail(i, Status::Failed, e, msg);
+    }
+    cv.notify_all();
+  }
+
   // Runs lane l's nodes in order: a stream lane with its stream current,
-  // done when its stream has finished them.
-  void run_lane(int l) {
+  // done when its stream has finished them. Never throws: every failure is
+  // some node's error (or, for the stream's last synchronize, the run's).
+  void run_lane(int l) noexcept {
     const Place& place = places[l];
     HostCacheScope host_memory;  // kernels' large outputs reuse freed blocks
     std::optional<c10::StreamGuard> guard;
@@ -518,14 +556,36 @@ struct Run {
     const bool fuse = !f.group_at.empty() && place.device.is_cpu();
     for (size_t k = 0; k < order.size(); ++k) {
       const int grp = fuse ? f.group_at[order[k]] : -1;
-      if (grp < 0) {
-        run_one(l, order[k]);
-        continue;
+      const size_t steps = grp < 0 ? 1 : f.groups[grp].steps.size();  // a group's steps are the lane's next nodes
+      try {
+        if (grp < 0) run_one(l, order[k]);
+        else run_group(l, f.groups[grp]);
+      } catch (...) {
+        for (size_t s = 0; s < steps; ++s) fail_unexpected(order[k + s], std::current_exception());
       }
-      run_group(l, f.groups[grp]);
-      k += f.groups[grp].steps.size() - 1;  // its steps are the next nodes of the lane
+      k += steps - 1;
     }
-    if (place.streams) place.stream.synchronize();
+    if (!place.streams || order.empty()) return;
+    try {
+      fault_point(FaultPoint::StreamSync);
+      place.stream.synchronize();
+    } catch (const std::exception& e) {
+      // The device reported an error for work queued on this stream; which
+      // kernel failed it cannot say. The run raises it at the sync; values
+      // keep whatever the device left (a device in this state fails every
+      // later call anyway).
+      std::lock_guard<std::mutex> lock(m);
+      counters().execution_errors++;
+      if (!res.first_error) {
+        res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
+            " failed: " + message_of(e);
+        try {
+          TORCH_CHECK(false, res.first_message);
+        } catch (...) {
+          res.first_error = std::current_exception();
+        }
+      }
+    }
   }
 };
 
@@ -537,25 +597,40 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
   res.values.resize(n);
   res.status.assign(n, Status::NotRun);
   res.timing.resize(n);
-  Run run(g, p, places, res);
-  std::vector<int> busy;
-  for (size_t l = 0; l < p.lane_order.size(); ++l)
-    if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));
-  if (busy.size() <= 1) {
-    // One lane: run on the calling thread with all its intra-op threads.
-    for (int l : busy) run.run_lane(l);
-  } else {
-    run.parallel = true;
-    at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
-    std::vector<std::function<void()>> jobs;
-    for (int l : busy)
-      jobs.emplace_back([&run, &tls, l] {
-        at::ThreadLocalStateGuard guard(tls);
-        run.run_lane(l);
-      });
-    LanePool::instance().run(jobs, p.threads_per_lane);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    Run run(g, p, places, res);
+    std::vector<int> busy;
+    for (size_t l = 0; l < p.lane_order.size(); ++l)
+      if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));
+    if (busy.size() <= 1) {
+      // One lane: run on the calling thread with all its intra-op threads.
+      for (int l : busy) run.run_lane(l);
+    } else {
+      run.parallel = true;
+      at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
+      std::vector<std::function<void()>> jobs;
+      for (int l : busy)
+        jobs.emplace_back([&run, &tls, l] {
+          at::ThreadLocalStateGuard guard(tls);
+          run.run_lane(l);
+        });
+      LanePool::instance().run(jobs, p.threads_per_lane);
+    }
+  } catch (const std::exception& e) {
+    // The run could not start (a lane thread could not be made, memory ran
+    // out): nothing that did not finish ran. Lanes are done here.
+    const std::string msg = message_of(e);
+    for (size_t i = 0; i < n; ++i) {
+      if (res.status[i] != Status::NotRun) continue;
+      res.status[i] = Status::Failed;
+      if (!res.first_error) {
+        res.first_error = std::current_exception();
+        res.first_message = msg;
+      }
+    }
   }
-  res.makespan = run.now();
+  res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
 

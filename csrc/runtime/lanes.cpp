@@ -55,8 +55,9 @@ LanePool::~LanePool() {
     if (w->thread.joinable()) w->thread.join();
 }
 
-void LanePool::loop(size_t k) {
-  Worker& w = *workers_[k];
+// Each thread is handed its own Worker: the vector of workers may grow
+// (and move its elements' pointers) while the thread starts.
+void LanePool::loop(Worker& w) {
   int applied = -1;
   while (true) {
     // Spin a little for the next job, then sleep.
@@ -91,12 +92,17 @@ void LanePool::run(const std::vector<std::function<void()>>& jobs, int threads) 
   // one lane, so this is a bug, reported rather than hung on).
   TORCH_CHECK(!in_forked_child() || jobs.size() == 1, "torch_mgpu: lanes cannot run in a forked child");
   const size_t extra = jobs.size() - 1;
+  std::lock_guard<std::mutex> one_run(run_);
   {
     std::lock_guard<std::mutex> lock(m_);
     while (workers_.size() < extra) {
-      size_t k = workers_.size();
-      workers_.push_back(std::make_unique<Worker>());
-      workers_[k]->thread = std::thread([this, k] { loop(k); });
+      // A worker joins the pool only once its thread runs (a failed spawn
+      // throws here, before any job started, and leaves no idle slot).
+      workers_.reserve(workers_.size() + 1);
+      auto w = std::make_unique<Worker>();
+      Worker& worker = *w;
+      worker.thread = std::thread([this, &worker] { loop(worker); });
+      workers_.push_back(std::move(w));
     }
     threads_ = threads;
     pending_ = extra;
@@ -106,12 +112,18 @@ void LanePool::run(const std::vector<std::function<void()>>& jobs, int threads) 
     }
   }
   cv_.notify_all();
-  {
+  std::exception_ptr error;
+  try {
     ScopedParallelism share(threads);
     jobs[0]();
+  } catch (...) {
+    error = std::current_exception();  // rethrown once the workers are done with `jobs`
   }
-  std::unique_lock<std::mutex> lock(m_);
-  done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+  {
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 } // namespace torch_mgpu::runtime

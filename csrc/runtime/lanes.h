@@ -23,7 +23,9 @@ class LanePool {
   static LanePool& instance();
   // Runs jobs[0] on the calling thread and jobs[k] on worker k, each with
   // `threads` intra-op threads; returns when all have returned. Jobs must
-  // not throw. Not reentrant: callers serialize (the sync holds its lock).
+  // not throw (a job that does ends the process: wrap it). One run at a
+  // time: a second caller (calibration beside a flight) waits for the
+  // first; a job must not call run().
   void run(const std::vector<std::function<void()>>& jobs, int threads);
   ~LanePool();
 
@@ -34,7 +36,10 @@ class LanePool {
     std::atomic<uint64_t> ticket{0};  // bumped for each new job
     uint64_t seen = 0;
   };
-  void loop(size_t k);
+  void loop(Worker& w);
+  // Locking: run_ is held for a whole run (and never while waiting for
+  // anything but the run's own jobs); m_ guards workers_ and the wake-ups.
+  std::mutex run_;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::vector<std::unique_ptr<Worker>> workers_;

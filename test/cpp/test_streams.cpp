@@ -7,6 +7,7 @@
 #include "ir/graph.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
+#include "runtime/faults.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
@@ -255,5 +256,47 @@ TEST(StreamLanes, VirtualDevicesCopyValuesThatCross) {
   for (size_t k = 0; k < c.outputs.size(); ++k) EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k]));
   EXPECT_GT(torch_mgpu::stats().at("bytes_transferred"), before);
 }
+
+// A failure on a stream lane (a wait for another lane's event, a transfer,
+// the kernel, the stream's final synchronize) becomes a node's error or the
+// run's: the process lives, the failing node fails alone, and every node
+// that does not depend on it computes eager's result.
+void expect_contained_failure(const std::string& point, bool node_level, bool two_devices) {
+  SCOPED_TRACE(point);
+  Captured c = branches();
+  auto topo = plan::make_topology(two_devices ? std::vector<std::string>{"cpu", "cpu"} : std::vector<std::string>{"cpu"},
+                                  two_devices ? 1 : 3, at::get_num_threads());
+  const int lanes = two_devices ? 2 : 3;
+  plan::Plan p = round_robin(c.graph, topo, lanes);
+  WithFakeStreams fake;
+  const int64_t fired = runtime::faults_fired(point);
+  runtime::inject_fault(point, 1);
+  runtime::ExecResult r = runtime::execute(c.graph, p, stream_places(lanes));
+  runtime::inject_fault(point, 0);
+  ASSERT_EQ(runtime::faults_fired(point), fired + 1) << "the fault point was not reached";
+  ASSERT_TRUE(r.first_error);
+  EXPECT_NE(r.first_message.find("injected fault (" + point), std::string::npos) << r.first_message;
+  int failed = 0, skipped = 0;
+  std::vector<bool> lost(c.graph.size(), false);
+  for (size_t i = 0; i < c.graph.size(); ++i) {
+    failed += r.status[i] == runtime::Status::Failed;
+    skipped += r.status[i] == runtime::Status::Skipped;
+    for (int d : c.graph.deps[i]) lost[i] = lost[i] || lost[d] || r.status[d] != runtime::Status::Ok;
+    if (lost[i]) EXPECT_NE(r.status[i], runtime::Status::Ok) << "node " << i << " ran on a failed input";
+    else if (r.status[i] == runtime::Status::Failed) lost[i] = true;
+  }
+  EXPECT_EQ(failed, node_level ? 1 : 0);
+  if (!node_level) EXPECT_EQ(skipped, 0);
+  for (size_t k = 0; k < c.outputs.size(); ++k) {
+    const int i = c.graph.find(c.graph.roots[k].node.get());
+    if (r.status[i] == runtime::Status::Ok)
+      EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k])) << "branch " << k;
+  }
+}
+
+TEST(StreamLanes, AFailedEventWaitFailsItsNode) { expect_contained_failure("event_wait", true, false); }
+TEST(StreamLanes, AFailedKernelFailsItsNode) { expect_contained_failure("node", true, false); }
+TEST(StreamLanes, AFailedTransferFailsItsNode) { expect_contained_failure("transfer", true, true); }
+TEST(StreamLanes, AFailedStreamSynchronizeIsTheRunsError) { expect_contained_failure("stream_sync", false, false); }
 
 } // namespace

@@ -1,0 +1,61 @@
+#include "runtime/faults.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+
+namespace torch_mgpu::runtime {
+
+namespace {
+constexpr int kPoints = static_cast<int>(FaultPoint::Count);
+constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_wait", "stream_sync"};
+
+struct Faults {
+  std::array<std::atomic<int64_t>, kPoints> countdown{};  // 0: disarmed
+  std::array<std::atomic<int64_t>, kPoints> fired{};
+  Faults() {
+    // TORCH_MGPU_FAULT=point:n
+    if (const char* e = std::getenv("TORCH_MGPU_FAULT")) {
+      std::string s(e);
+      auto colon = s.find(':');
+      int64_t n = colon == std::string::npos ? 1 : std::atoll(s.c_str() + colon + 1);
+      countdown[index(s.substr(0, colon))].store(n);
+    }
+  }
+  static int index(const std::string& name) {
+    for (int k = 0; k < kPoints; ++k)
+      if (name == kNames[k]) return k;
+    TORCH_CHECK(false, "torch_mgpu: unknown fault point '", name,
+                "' (expected 'node', 'transfer', 'event_wait' or 'stream_sync')");
+  }
+};
+
+Faults& faults() {
+  static auto* f = new Faults();
+  return *f;
+}
+} // namespace
+
+void inject_fault(const std::string& point, int64_t n) {
+  TORCH_CHECK(n >= 0, "torch_mgpu: a fault's occurrence must be >= 0, got ", n);
+  faults().countdown[Faults::index(point)].store(n);
+}
+
+int64_t faults_fired(const std::string& point) { return faults().fired[Faults::index(point)].load(); }
+
+void fault_point(FaultPoint point, std::string_view what) {
+  const int k = static_cast<int>(point);
+  auto& c = faults().countdown[k];
+  int64_t left = c.load(std::memory_order_relaxed);
+  while (left > 0) {
+    if (c.compare_exchange_weak(left, left - 1)) {
+      if (left != 1) return;
+      faults().fired[k]++;
+      TORCH_CHECK(false, "mgpu: injected fault (", kNames[k], what.empty() ? "" : ": ", what, ")");
+    }
+  }
+}
+
+} // namespace torch_mgpu::runtime
