@@ -86,6 +86,8 @@ def write_api(rng):
     elif k == 5:
         torch.mgpu.synchronize()
         torch.mgpu.set_device(0)
+        torch.mgpu.manual_seed(rng.randrange(1 << 20))
+        torch.mgpu.set_rng_state(torch.mgpu.get_rng_state())
     else:
         torch_mgpu.synchronize()
 
