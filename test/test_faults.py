@@ -190,3 +190,24 @@ def test_fault_from_the_environment(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "raised True" in out.stdout and "alive True" in out.stdout, out.stdout
+
+
+def test_an_error_left_pending_fails_the_test_that_left_it(tmp_path):
+    # The autouse fixture's teardown syncs what a test left pending: an error
+    # there must fail that test, not vanish.
+    import shutil
+    import subprocess
+    import sys
+    shutil.copy(__import__("os").path.join(__import__("os").path.dirname(__file__), "conftest.py"), tmp_path)
+    (tmp_path / "test_leaves_error.py").write_text(
+        "import torch, torch_mgpu\n"
+        "from torch_mgpu import _C\n"
+        "def test_leaves_a_failing_op_pending():\n"
+        "    torch_mgpu.set_async_ops(0)\n"
+        "    x = torch.randn(4, 4).to('mgpu')\n"
+        "    globals()['y'] = torch.tanh(x)\n"
+        "    _C._inject_fault('node', 1)\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0, out.stdout
+    assert "1 passed, 1 error" in out.stdout and "injected fault" in out.stdout, out.stdout[-3000:]
