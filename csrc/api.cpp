@@ -1,5 +1,7 @@
 #include <torch_mgpu/mgpu.h>
 
+#include <c10/core/DeviceType.h>
+
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "ir/node.h"
@@ -7,6 +9,12 @@
 #include "stats.h"
 
 namespace torch_mgpu {
+
+void init() {
+  // The static registration ran when the library loaded; this checks it.
+  TORCH_CHECK(c10::get_privateuse1_backend() == "mgpu", "torch_mgpu: the PrivateUse1 backend is already named '",
+              c10::get_privateuse1_backend(), "'; another PrivateUse1 backend was loaded first");
+}
 
 void synchronize() { capture::sync_all(); }
 

@@ -1,4 +1,6 @@
 """Device registration: the mgpu device, its module, tensor methods, bad input."""
+import copy
+
 import pytest
 import torch
 
@@ -72,3 +74,33 @@ def test_generator_and_seed_module_functions():
     torch.mgpu.set_rng_state(s)
     b = torch.randn(4, device="mgpu").cpu()
     assert torch.equal(a, b)
+
+
+def test_module_to_keeps_parameter_objects_and_ties():
+    # As on CUDA: module.to("mgpu") moves each Parameter in place, so weights
+    # tied across modules stay tied and an optimizer made before the move
+    # steps the moved tensors.
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 6)
+    head = torch.nn.Linear(6, 10, bias=False)
+    head.weight = emb.weight  # tied
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    model.to("mgpu")
+    assert [p is q for p, q in zip(model.parameters(), params)] == [True] * len(params)
+    assert model["head"].weight is model["emb"].weight
+    assert model["emb"].weight.device.type == "mgpu"
+    idx = torch.tensor([1, 4, 7])
+    for m, o, dev in ((model, opt, "mgpu"), (ref, ref_opt, "cpu")):
+        for _ in range(3):
+            o.zero_grad()
+            loss = m["head"](m["emb"](idx.to(dev))).logsumexp(-1).sum()
+            loss.backward()
+            o.step()
+    torch.testing.assert_close(model["emb"].weight.cpu(), ref["emb"].weight.detach())
+    model.to("cpu")
+    assert model["head"].weight is model["emb"].weight and model["emb"].weight is params[0]
+    assert model["emb"].weight.device.type == "cpu"

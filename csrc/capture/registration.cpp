@@ -7,6 +7,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <torch/library.h>
 
 namespace torch_mgpu::capture {
 namespace {
@@ -90,7 +91,26 @@ struct Registrar {
 };
 Registrar g_registrar;
 
+// Whether `from` may take `self`'s place in its TensorImpl (Variable::set_data,
+// `param.data = ...`). An mgpu tensor is an ordinary dense TensorImpl over a
+// lazy storage, so dense CPU and mgpu tensors may replace each other, as CPU
+// and CUDA tensors do: module.to("mgpu") (Python's _apply, C++'s
+// nn::Module::to) then keeps each Parameter and buffer object, so weights
+// tied across modules stay tied and an optimizer made before the move steps
+// the moved tensors.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.device().is_cpu() || t.device().is_privateuseone());
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 } // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", &has_compatible_shallow_copy_type);
+}
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, MgpuGuardImpl);
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, lazy_allocator());

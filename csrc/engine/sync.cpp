@@ -289,6 +289,8 @@ const plan::CostModel& cost_model() {
 }
 
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
+  TORCH_CHECK(lanes_per_device >= 0, "torch_mgpu.configure: lanes_per_device must be >= 1, got ", lanes_per_device,
+              " (0 keeps the current value)");
   capture::StateLock lock;
   if (!policy.empty()) {
     TORCH_CHECK(policy == "auto" || policy == "heft" || policy == "serial", "torch_mgpu: unknown policy '", policy,

@@ -12,6 +12,12 @@
 
 namespace torch_mgpu {
 
+// Makes sure the mgpu backend is registered (the library registers it when
+// it loads; calling init() also keeps a linker that drops unreferenced
+// libraries from dropping it), so that torch::Device("mgpu") parses. Safe to
+// call any number of times, from any thread. Errors below are c10::Error.
+void init();
+
 // Runs every pending op; raises the first error an op raised.
 void synchronize();
 // Ops recorded and not yet run.
