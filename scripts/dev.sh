@@ -2,10 +2,12 @@
 # One entry point for a fresh machine: sets up .venv (torch 2.13.0, CPU),
 # builds the extension against it, then runs what was asked.
 #   bash scripts/dev.sh demo     # the demo
-#   bash scripts/dev.sh test     # every test: GoogleTest (CTest), pytest, the quick benchmark run
+#   bash scripts/dev.sh test     # every test: GoogleTest (CTest), the installed C++ package and its examples, pytest, the quick benchmark run
+#   bash scripts/dev.sh cpp-package   # the C++ tests, then install the core and build and run examples/cpp against it
 #   bash scripts/dev.sh opinfo   # the full OpInfo conformance report
 #   bash scripts/dev.sh bench [--quick]
 #   bash scripts/dev.sh cuda-compile   # compile-only check against torch 2.14.1 (CUDA 13)
+#   bash scripts/dev.sh tsan     # the threaded C++ tests under ThreadSanitizer; fails on any report
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -25,17 +27,114 @@ setup() {
   "$PY" -c "import torch_mgpu" || { echo "build failed"; exit 1; }
 }
 
-cpp_tests() {
+need_gtest() {
   if [ ! -f /usr/include/gtest/gtest.h ]; then
     if command -v apt-get >/dev/null; then
       (apt-get update -qq && apt-get install -y -qq libgtest-dev) >/dev/null 2>&1 || true
     fi
   fi
   [ -f /usr/include/gtest/gtest.h ] || { echo "GoogleTest is missing: apt-get install libgtest-dev"; exit 1; }
+}
+
+cpp_tests() {
+  need_gtest
   cmake -S . -B build-tests -DCMAKE_BUILD_TYPE=Release -DTORCH_MGPU_BUILD_TESTS=ON -DTORCH_MGPU_BUILD_PYTHON=OFF \
     -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" >/dev/null
   cmake --build build-tests -j "$(nproc)"
   (cd build-tests && ctest --output-on-failure)
+}
+
+# The core library as an installed CMake package, used by an outside
+# project: installs what build-tests built (CMake alone, no Python), builds
+# examples/cpp against the installed TorchMgpu package and runs them.
+cpp_package() {
+  local torch_prefix prefix="$ROOT/build-install"
+  torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  rm -rf "$prefix"
+  cmake --install build-tests --prefix "$prefix" >/dev/null
+  cmake -S examples/cpp -B build-examples -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
+  cmake --build build-examples -j "$(nproc)"
+  local exe
+  for exe in hello train branches; do
+    if ldd "build-examples/$exe" | grep -q libpython; then
+      echo "examples/cpp: $exe links libpython"; exit 1
+    fi
+    echo "examples/cpp: $exe"
+    "build-examples/$exe"
+  done
+}
+
+# The C++ tests that run threads, built with ThreadSanitizer (every target of
+# the project instrumented; libtorch, libc10 and libgomp are not, see
+# test/tsan.supp). Any report fails the command, suppressed ones excepted.
+# TORCH_MGPU_STRESS_SECONDS sets how long each stress test runs (default 3).
+tsan() {
+  need_gtest
+  # Tests are listed when ctest runs, not at build time: a sanitized binary
+  # never runs inside the build.
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCH_MGPU_SANITIZE=thread \
+    -DTORCH_MGPU_BUILD_TESTS=ON -DTORCH_MGPU_BUILD_PYTHON=OFF -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
+    -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" >/dev/null
+  local tests=(test_stress test_streams test_capture test_fusion)
+  cmake --build build-tsan -j "$(nproc)" --target "${tests[@]}"
+  # exitcode=66: a process that reported exits non-zero (at exit; with
+  # halt_on_error=0 every report of a run is printed first).
+  export TSAN_OPTIONS="suppressions=$ROOT/test/tsan.supp halt_on_error=0 second_deadlock_stack=1 history_size=4 exitcode=66 print_suppressions=1"
+  # Kernels with more ASLR bits than this TSAN runtime maps around refuse
+  # to start it ("unexpected memory mapping"): run without randomization.
+  local wrap=() probe
+  probe=$(build-tsan/test_stress --gtest_list_tests 2>&1 || true)
+  if grep -q "unexpected memory mapping" <<<"$probe"; then
+    wrap=(setarch "$(uname -m)" -R)
+    echo "tsan: this kernel's ASLR needs setarch -R"
+  fi
+  local log="$ROOT/build-tsan/tsan.log" failed=() t rc out
+  : >"$log"
+  for t in "${tests[@]}"; do
+    out="$ROOT/build-tsan/tsan-$t.log"
+    set +e
+    ${wrap[@]+"${wrap[@]}"} "build-tsan/$t" >"$out" 2>&1
+    rc=$?
+    set -e
+    cat "$out" >>"$log"
+    grep -E "^\[ +(OK|FAILED|PASSED) +\]|^\[ stress" "$out" | sed "s/^/tsan: $t: /" || true
+    # 66: TSAN reported (counted below); anything else non-zero, or a test
+    # that failed, fails the command.
+    if { [ "$rc" -ne 0 ] && [ "$rc" -ne 66 ]; } || grep -q "^\[  FAILED  \]" "$out" || ! grep -q "^\[  PASSED  \]" "$out"; then
+      failed+=("$t (exit $rc)")
+    fi
+  done
+  # Reports: PyTorch-internal ones (test/tsan.supp, "#@free_called_from:"
+  # lines: a free that PyTorch's own uninstrumented code makes) are counted;
+  # every other report is printed and fails the command.
+  local counts reports internal suppressed
+  counts=$(awk -v supp="$ROOT/test/tsan.supp" -v project="$ROOT/build-tsan/tsan-project.log" '
+    BEGIN {
+      while ((getline l < supp) > 0)
+        if (l ~ /^#@free_called_from:/) { sub(/^#@free_called_from:[ \t]*/, "", l); libs[l] = 1 }
+      printf "" > project
+    }
+    /^WARNING: ThreadSanitizer:/ { inrep = 1; first = 1; buf = ""; f0 = ""; f1 = ""; race = ($0 ~ /: data race/) }
+    inrep { buf = buf $0 "\n" }
+    inrep && first && /^ +#0 / { f0 = $0 }
+    inrep && first && /^ +#1 / { f1 = $0 }
+    inrep && /^$/ { first = 0 }
+    inrep && /^SUMMARY: ThreadSanitizer:/ {
+      inrep = 0; inside = 0
+      if (race && f0 ~ /#0 (free|operator delete)/ && f0 ~ /libtsan/)
+        for (lib in libs) if (index(f1, "(" lib "+0x") || index(f1, "/" lib "+0x")) inside = 1
+      if (inside) internal++; else { reports++; printf "%s==================\n", buf >> project }
+    }
+    END { print reports + 0, internal + 0 }' "$log")
+  read -r reports internal <<<"$counts"
+  suppressed=$(awk '/^ThreadSanitizer: Matched [0-9]+ suppressions/ {s += $3} END {print s + 0}' "$log")
+  [ "$reports" -eq 0 ] || cat "$ROOT/build-tsan/tsan-project.log"
+  echo "tsan: $reports reports ($internal freed by PyTorch's uninstrumented code, $suppressed suppressed; log: build-tsan/tsan.log)"
+  if [ "$reports" -ne 0 ] || [ "${#failed[@]}" -ne 0 ]; then
+    [ "${#failed[@]}" -eq 0 ] || echo "tsan: failed: ${failed[*]}"
+    exit 1
+  fi
 }
 
 # Compile-only check against the CUDA 13 build of torch 2.14.1 (from local
@@ -63,9 +162,11 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; "$PY" examples/demo.py "$@" ;;
-  test) setup; cpp_tests; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick ;;
+  test) setup; cpp_tests; cpp_package; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick ;;
+  cpp-package) setup; cpp_tests; cpp_package ;;
   opinfo) setup; "$PY" test/opinfo_harness.py "$@" ;;
   bench) setup; "$PY" benchmarks/run.py "$@" ;;
   cuda-compile) cuda_compile ;;
-  *) echo "usage: $0 {setup|demo|test|opinfo|bench|cuda-compile}"; exit 2 ;;
+  tsan) setup; tsan ;;
+  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|tsan}"; exit 2 ;;
 esac

@@ -311,7 +311,8 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
 
 std::vector<std::string> lane_names() {
   std::vector<std::string> out;
-  for (const auto& l : current_lanes()->topo.lanes) out.push_back(l.name);
+  const auto lanes = current_lanes();  // held through the loop: configure() may swap them meanwhile
+  for (const auto& l : lanes->topo.lanes) out.push_back(l.name);
   return out;
 }
 
