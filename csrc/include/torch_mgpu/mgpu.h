@@ -40,9 +40,10 @@ void set_async_ops(int64_t n);
 c10::Device device(int index = 0);
 
 // Lanes: devices {"cpu"} / {"cpu","cpu"} (virtual devices) / {"cuda:0",...},
-// lanes per device, policy "auto" | "heft" | "serial". Empty or <= 0 keeps
-// the current value. Environment: TORCH_MGPU_DEVICES, TORCH_MGPU_LANES,
-// TORCH_MGPU_POLICY.
+// lanes per device, policy "auto" | "heft" | "serial". Empty devices or
+// policy, or 0 lanes, keep the current value; negative lanes, an unknown
+// device or policy raise c10::Error and change nothing. Environment:
+// TORCH_MGPU_DEVICES, TORCH_MGPU_LANES, TORCH_MGPU_POLICY.
 void configure(const std::vector<std::string>& devices = {}, int lanes_per_device = 0,
                const std::string& policy = "");
 std::vector<std::string> lanes();
