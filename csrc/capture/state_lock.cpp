@@ -49,11 +49,6 @@ void drain_deferred() {
 
 void set_interpreter_lock(const InterpreterLock& hooks) { g_hooks = hooks; }
 
-InterpreterUnlocked::InterpreterUnlocked() : token_(release_interpreter()) {}
-InterpreterUnlocked::~InterpreterUnlocked() {
-  if (token_) g_hooks.restore(token_);
-}
-
 StateLock::StateLock() : owns_(true) {
   if (t_depth == 0) interpreter_ = release_interpreter();
   state_mutex().lock();

@@ -29,18 +29,6 @@ struct InterpreterLock {
 };
 void set_interpreter_lock(const InterpreterLock& hooks);
 
-// Lets go of the interpreter lock for a scope, if this thread holds it.
-class InterpreterUnlocked {
- public:
-  InterpreterUnlocked();
-  ~InterpreterUnlocked();
-  InterpreterUnlocked(const InterpreterUnlocked&) = delete;
-  InterpreterUnlocked& operator=(const InterpreterUnlocked&) = delete;
-
- private:
-  void* token_ = nullptr;
-};
-
 // Holds the state lock for a scope (see above). Recursive.
 class StateLock {
  public:
