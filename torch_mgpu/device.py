@@ -17,11 +17,38 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    index = torch.device(device).index if not isinstance(device, int) else device
-    if index is not None and not 0 <= index < device_count():
+    _device_index(device)
+
+
+class device:
+    """Context manager that selects an mgpu device (as torch.cuda.device).
+    mgpu has one device, so it checks the index and selects nothing."""
+
+    def __init__(self, device):
+        self.idx = _device_index(device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "mgpu":
+            raise ValueError(f"Expected an mgpu device, but got: {device}")
+        index = 0 if device.index is None else device.index
+    if not 0 <= index < device_count():
         raise IndexError(
             f"mgpu device index {index} is out of range: torch.mgpu.device_count() is {device_count()}"
         )
+    return index
 
 
 def synchronize(device=None) -> None:
