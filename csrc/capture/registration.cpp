@@ -1,6 +1,7 @@
 // PrivateUse1 registration under the name `mgpu`: the device guard, the
 // allocator, the hooks and the generator. Runs from static initializers when
 // libtorch_mgpu loads, so C++ users get the device with no Python.
+#include "capture/capture.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
 
@@ -45,9 +46,15 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryEvent(void* event) const override { return true; }
   void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {}
   bool queryStream(const c10::Stream& stream) const override { return true; }
-  void synchronizeStream(const c10::Stream& stream) const override {}
-  void synchronizeEvent(void* event) const override {}
-  void synchronizeDevice(const c10::DeviceIndex device_index) const override {}
+  // Waiting for the device (torch.accelerator.synchronize(), a stream's or an
+  // event's synchronize()) runs what is pending and raises its first error,
+  // as torch_mgpu.synchronize() does: on mgpu, work is done when it has run.
+  void synchronizeStream(const c10::Stream& stream) const override { sync_all(); }
+  void synchronizeEvent(void* event) const override { sync_all(); }
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    check_device_index(device_index);
+    sync_all();
+  }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 };
 
