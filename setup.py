@@ -12,6 +12,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# The build imports torch: it must not autoload the torch_mgpu being rebuilt
+# (a stale or missing build of it would make `import torch` fail).
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 
 class CMakeExtension(Extension):
@@ -57,5 +60,9 @@ setup(
     ext_modules=[CMakeExtension("torch_mgpu._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    entry_points={"torch_dynamo_backends": ["mgpu = torch_mgpu.compile:mgpu_backend"]},
+    entry_points={
+        "torch_dynamo_backends": ["mgpu = torch_mgpu.compile:mgpu_backend"],
+        # `import torch` loads the device (TORCH_DEVICE_BACKEND_AUTOLOAD=0: not).
+        "torch.backends": ["torch_mgpu = torch_mgpu._autoload:load"],
+    },
 )

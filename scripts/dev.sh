@@ -15,6 +15,10 @@ PY="$ROOT/.venv/bin/python"
 TORCH_VERSION=2.13.0
 
 setup() {
+  # Checks and builds import torch without autoloading the torch_mgpu being
+  # rebuilt (a stale or missing build of it would make `import torch` fail).
+  local TORCH_DEVICE_BACKEND_AUTOLOAD=0
+  export TORCH_DEVICE_BACKEND_AUTOLOAD
   if [ ! -x "$PY" ]; then
     python3 -m venv .venv
   fi

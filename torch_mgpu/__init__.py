@@ -21,6 +21,17 @@ if not hasattr(torch, "mgpu"):
 
 
 def _register_compile_backend() -> None:
+    # An installed torch_mgpu is found by dynamo through its
+    # `torch_dynamo_backends` entry point when torch.compile first asks for
+    # "mgpu": importing dynamo here would double the cost of `import torch`
+    # once the device autoloads. Registered here only when dynamo is loaded
+    # already, or when the package has no entry points (run from a source
+    # tree without being installed).
+    import sys
+    from importlib.metadata import entry_points
+    installed = any(ep.name == "mgpu" for ep in entry_points(group="torch_dynamo_backends"))
+    if installed and "torch._dynamo" not in sys.modules:
+        return
     try:
         from .compile import register
         register()
