@@ -79,8 +79,6 @@ StateLock::~StateLock() {
   if (interpreter_) g_hooks.restore(interpreter_);
 }
 
-bool StateLock::held_here() { return t_depth > 0; }
-
 void defer_free(LazyBuffer* b) {
   std::lock_guard<std::mutex> lock(deferred_mutex());
   deferred().push_back(b);

@@ -40,8 +40,6 @@ class StateLock {
   StateLock(const StateLock&) = delete;
   StateLock& operator=(const StateLock&) = delete;
   bool owns() const { return owns_; }
-  // Whether this thread holds the state lock.
-  static bool held_here();
 
  private:
   bool owns_ = false;

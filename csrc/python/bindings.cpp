@@ -46,7 +46,14 @@ py::dict plan_summary(const PlanHandle& h) {
 // Python's GIL, for the engine: taking its state lock lets go of the GIL
 // first (capture/state_lock.h), so that no thread ever waits for the state
 // lock while holding the GIL.
-bool gil_held() { return Py_IsInitialized() && PyGILState_Check(); }
+// This thread holds the GIL when the thread state running Python now is its
+// own (PyGILState_Check answers 1 for every thread once a subinterpreter
+// exists; before 3.12 the running thread state is process-wide).
+bool gil_held() {
+  if (!Py_IsInitialized()) return false;
+  PyThreadState* mine = PyGILState_GetThisThreadState();
+  return mine != nullptr && mine == py::detail::get_thread_state_unchecked();
+}
 void* gil_release() { return PyEval_SaveThread(); }
 void gil_restore(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
 

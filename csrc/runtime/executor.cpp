@@ -67,6 +67,16 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// A c10::Error carrying `msg`, as an exception_ptr.
+std::exception_ptr error_with(const std::string& msg) {
+  try {
+    TORCH_CHECK(false, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 } // namespace
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
@@ -349,11 +359,7 @@ struct Run {
         std::string msg;
         if (d < 0) {
           msg = v.node->error;
-          try {
-            TORCH_CHECK(false, msg);
-          } catch (...) {
-            e = std::current_exception();
-          }
+          e = error_with(msg);
         }
         fail(i, Status::Skipped, e, msg);
         cv.notify_all();
@@ -369,6 +375,21 @@ struct Run {
       }
     }
     lock.unlock();
+    // A materialized value's copy on another device is shared by every
+    // later read there: a node never writes it in place (a kernel failing
+    // part-way would leave the copies disagreeing).
+    const std::vector<bool>* reuse = &p.reuse[i];
+    std::vector<bool> no_replica_reuse;
+    for (const auto& o : node.outputs) {
+      const int k = o.mutated_operand;
+      if (k < 0 || !(*reuse)[k] || producer[operand_at[i] + k] >= 0) continue;
+      const ir::Node& leaf_node = *node.operands[k].node;
+      if (leaf_node.kind != ir::NodeKind::Data || operands[k].unsafeGetStorageImpl() == leaf_node.data.unsafeGetStorageImpl())
+        continue;
+      if (no_replica_reuse.empty()) no_replica_reuse = *reuse;
+      no_replica_reuse[k] = false;
+      reuse = &no_replica_reuse;
+    }
     std::optional<ScopedParallelism> narrow;
     if (!p.one_thread.empty() && p.one_thread[i]) narrow.emplace(1);
     NodeTiming timing;
@@ -391,7 +412,7 @@ struct Run {
         for (const auto& s : operands) record_use(s, place.stream);
       }
       fault_point(FaultPoint::Node, node.name);
-      out = run_node(node, std::move(operands), p.reuse[i], place);
+      out = run_node(node, std::move(operands), *reuse, place);
       if (events[i]) events[i]->record(place.stream);
     } catch (const std::exception& e) {
       error = std::current_exception();
@@ -547,6 +568,16 @@ struct Run {
   // done when its stream has finished them. Never throws: every failure is
   // some node's error (or, for the stream's last synchronize, the run's).
   void run_lane(int l) noexcept {
+    try {
+      run_lane_nodes(l);
+    } catch (...) {
+      // Setting the lane up failed (its stream guard on a device in error):
+      // its nodes fail.
+      for (int i : p.lane_order[l]) fail_unexpected(i, std::current_exception());
+    }
+  }
+
+  void run_lane_nodes(int l) {
     const Place& place = places[l];
     HostCacheScope host_memory;  // kernels' large outputs reuse freed blocks
     std::optional<c10::StreamGuard> guard;
@@ -579,11 +610,7 @@ struct Run {
       if (!res.first_error) {
         res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
             " failed: " + message_of(e);
-        try {
-          TORCH_CHECK(false, res.first_message);
-        } catch (...) {
-          res.first_error = std::current_exception();
-        }
+        res.first_error = error_with(res.first_message);
       }
     }
   }
