@@ -13,6 +13,13 @@ def _clean_state():
     torch_mgpu.synchronize()
 
 
+def restore_lanes(lanes, policy):
+    """Configures the lanes named by an earlier torch_mgpu.lanes() again
+    (CPU devices), with `policy`."""
+    devices = sorted({name.split("/")[0] for name in lanes})
+    torch_mgpu.configure(devices=["cpu"] * len(devices), lanes_per_device=len(lanes) // len(devices), policy=policy)
+
+
 def assert_same(mgpu_tensor, cpu_tensor, exact=True):
     """The mgpu tensor, brought to the host, equals the eager CPU result."""
     assert mgpu_tensor.device.type == "mgpu", mgpu_tensor.device

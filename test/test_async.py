@@ -14,6 +14,7 @@ import torch
 
 import torch_mgpu
 
+from conftest import restore_lanes
 from test_errors import capture_in_threads
 from test_parallel import check_random_dag
 
@@ -29,9 +30,7 @@ def async_ops():
     yield set_
     torch_mgpu.synchronize()
     torch_mgpu.set_async_ops(before)
-    devices = sorted({name.split("/")[0] for name in lanes_before[0]})
-    torch_mgpu.configure(devices=["cpu"] * len(devices),
-                         lanes_per_device=len(lanes_before[0]) // len(devices), policy=lanes_before[1])
+    restore_lanes(*lanes_before)
 
 
 def counters():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torch_mgpu
+from conftest import restore_lanes
 from torch_mgpu import _C
 
 STEPS = 3
@@ -25,9 +26,7 @@ def lanes_restored():
     for point in ("node", "transfer"):
         _C._inject_fault(point, 0)
     lanes, policy, async_ops = before
-    devices = sorted({name.split("/")[0] for name in lanes})
-    torch_mgpu.configure(devices=["cpu"] * len(devices), lanes_per_device=len(lanes) // len(devices),
-                         policy=policy)
+    restore_lanes(lanes, policy)
     torch_mgpu.set_async_ops(async_ops)
 
 

@@ -56,11 +56,10 @@ StateLock::StateLock() : owns_(true) {
 }
 
 StateLock::StateLock(std::try_to_lock_t) {
-  if (t_depth > 0 || state_mutex().try_lock()) {
-    if (t_depth > 0) state_mutex().lock();  // recursive: never waits
-    owns_ = true;
-    ++t_depth;
-  }
+  if (t_depth > 0) state_mutex().lock();  // this thread holds it: recursive, never waits
+  else if (!state_mutex().try_lock()) return;
+  owns_ = true;
+  ++t_depth;
 }
 
 StateLock::~StateLock() {
