@@ -5,6 +5,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+namespace torch_mgpu::ir {
+struct Partition;
+}
+
 namespace torch_mgpu::capture {
 
 // The boxed kernel behind every ATen op that reaches PrivateUse1.
@@ -25,6 +29,18 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void sync_all();
 // The materialized CPU bytes of an mgpu storage (syncs if pending).
 c10::Storage materialize(const c10::Storage& mgpu_storage);
+
+// Records (on mgpu inputs) or runs (on CPU / CUDA inputs) a compiled
+// partition: the op torch_mgpu::partition.
+std::vector<at::Tensor> call_partition(const c10::intrusive_ptr<ir::Partition>& p, at::TensorList inputs);
+// An mgpu tensor over the bytes of a CPU or CUDA tensor, with no copy. The
+// value is read as it is when the graph runs: the caller must compute what
+// reads it before the bytes change (the compiled backend syncs before it
+// returns to the caller).
+at::Tensor alias_tensor(const at::Tensor& t);
+// The computed value of an mgpu tensor as a tensor on `device` (CPU or
+// CUDA), sharing the value's bytes where they already lie there (syncs).
+at::Tensor value_view(const at::Tensor& t, c10::Device device);
 
 // Background execution: once `async_ops()` ops have been recorded since the
 // last flush, the pending graph starts running on a background worker while

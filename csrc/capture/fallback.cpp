@@ -5,6 +5,7 @@
 #include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/meta_cache.h"
+#include "ir/partition.h"
 #include "capture/random.h"
 #include "ir/view.h"
 #include "stats.h"
@@ -447,6 +448,8 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   auto node = std::make_shared<ir::Node>();
   const OpInfo& info = op_info(op);
   node->name = info.name;
+  if (!info.aten && nargs > 0)
+    if (const auto* p = ir::partition_of(args[0])) node->name = p->name;  // "partition#3[mm, relu; 1 kernel]"
   node->op = op;
   node->operands.reserve(call.storages.size());
   node->args.reserve(nargs);

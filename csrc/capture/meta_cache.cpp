@@ -1,4 +1,5 @@
 #include "capture/meta_cache.h"
+#include "ir/partition.h"
 
 #include <cstring>
 #include <unordered_map>
@@ -74,6 +75,9 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
   } else if (v.isList()) {
     add(11);
     for (const auto& e : v.toListRef()) add_ivalue(e);
+  } else if (const auto* p = ir::partition_of(v)) {
+    add(12);  // a compiled partition: its outputs depend on it alone
+    add(static_cast<int64_t>(p->id));
   } else {
     cacheable = false;
   }

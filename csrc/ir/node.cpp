@@ -1,4 +1,5 @@
 #include "ir/node.h"
+#include "ir/partition.h"
 
 #include <mutex>
 #include <unordered_set>
@@ -66,6 +67,9 @@ uint64_t hash_ivalue(const c10::IValue& v) {
     return h;
   }
   if (v.isGenerator()) return 0x19;
+  // A compiled partition: by its unique id (two partitions never share
+  // output shapes or a plan by accident).
+  if (const auto* p = partition_of(v)) return hash_combine(0x1a, p->id);
   if (v.isScalar()) {
     auto s = v.toScalar();
     if (s.isFloatingPoint()) return hash_ivalue(c10::IValue(s.toDouble()));

@@ -1,4 +1,5 @@
 #include "plan/topology.h"
+#include "ir/partition.h"
 
 #include <c10/util/Exception.h>
 
@@ -123,6 +124,15 @@ double linalg_flops(const ir::Node& n, std::string_view name) {
 
 Work estimate_work(const ir::Node& n) {
   Work w;
+  if (const auto* p = ir::partition_of(n)) {
+    // A compiled partition: the figures its compiler's input graph gave.
+    w.flops = p->gemm_flops;
+    w.gemm = p->gemm_flops > 0;
+    w.elem = p->elem;
+    w.transcendental_elems = p->transcendental;
+    w.bytes = p->bytes;
+    return w;
+  }
   for (const auto& a : n.args)
     for (const auto& t : a.tensors)
       if (t) w.bytes += numel(t->geom) * c10::elementSize(t->geom.dtype);
@@ -196,10 +206,11 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
   double rate;
   if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
   else rate = w.transcendental ? cm.transcendental_per_s : cm.elem_per_s;
+  const double all = w.flops + w.elem + w.transcendental_elems;
   double speedup = 1.0;
-  if (threads > 1 && w.flops >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
-  double compute = w.flops / (rate * speedup);
-  double memory = w.bytes / (cm.bytes_per_s * (threads > 1 && w.flops >= cm.parallel_min_flops ? speedup : 1.0));
+  if (threads > 1 && all >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
+  double compute = (w.flops / rate + w.elem / cm.elem_per_s + w.transcendental_elems / cm.transcendental_per_s) / speedup;
+  double memory = w.bytes / (cm.bytes_per_s * speedup);
   return w.scale * (cm.op_overhead_s + std::max(compute, memory));
 }
 

@@ -53,6 +53,9 @@ struct Work {
   bool gemm = false;  // runs at GEMM rates
   bool transcendental = false;  // tanh, exp, ...: slower per element
   bool fused = false;  // a later step of a fused pointwise pass: no call of its own, its block in cache
+  // Compiled partitions mix kinds of work: besides `flops` (at the GEMM
+  // rate when `gemm`), elementwise and transcendental outputs.
+  double elem = 0, transcendental_elems = 0;
   // Measured over modelled time of this node in earlier runs of the same
   // graph (1: not measured): corrects what the model cannot know, such as
   // an op's speed on this data or a kernel the model has no formula for.

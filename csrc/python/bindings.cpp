@@ -1,9 +1,12 @@
 // The Python binding: thin wrappers over the C++ API, no per-op logic.
 #include <torch_mgpu/mgpu.h>
 
+#include "capture/capture.h"
+#include "capture/lazy_tensor.h"
 #include "capture/random.h"
 #include "capture/state_lock.h"
 #include "engine/engine.h"
+#include "ir/partition.h"
 #include "runtime/faults.h"
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
 
@@ -73,6 +77,47 @@ py::list plan_timeline(const PlanHandle& h) {
     tl.append(x);
   }
   return tl;
+}
+// A compiled partition, as Python holds it.
+struct PartitionHandle {
+  c10::intrusive_ptr<torch_mgpu::ir::Partition> p;
+};
+
+// The partition's code: a Python callable taking a list of tensors and
+// returning a sequence of them, called with the GIL from any lane thread
+// (inductor's C++ wrapper lets go of it inside). Python errors become C++
+// errors with their message here, while the GIL is held.
+torch_mgpu::ir::Partition::Fn python_partition_fn(py::function fn) {
+  std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    } else {
+      f->release();  // the interpreter is gone: nothing to give back
+      delete f;
+    }
+  });
+  return [held](const std::vector<at::Tensor>& inputs) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list args;
+      for (const auto& t : inputs) args.append(py::cast(t));
+      py::object r = (*held)(args);
+      std::vector<at::Tensor> out;
+      for (auto h : r) out.push_back(h.cast<at::Tensor>());
+      return out;
+    } catch (py::error_already_set& e) {
+      TORCH_CHECK(false, e.what());
+    }
+  };
+}
+
+torch_mgpu::ir::TensorGeometry geometry_of_spec(const at::Tensor& t) {
+  torch_mgpu::ir::TensorGeometry g;
+  g.dtype = t.scalar_type();
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  return g;
 }
 } // namespace
 
@@ -140,6 +185,34 @@ PYBIND11_MODULE(_C, m) {
   });
   // Tests only: make the n-th node / transfer / event wait / stream
   // synchronize from now throw (runtime/faults.h).
+  py::class_<PartitionHandle>(m, "Partition")
+      .def_property_readonly("name", [](const PartitionHandle& h) { return std::string(h.p->name); })
+      .def_property_readonly("id", [](const PartitionHandle& h) { return h.p->id; })
+      .def_property_readonly("ops", [](const PartitionHandle& h) { return h.p->ops; })
+      .def_property_readonly("kernels", [](const PartitionHandle& h) { return h.p->kernels; });
+  // `inputs` / `outputs`: tensors (Meta is fine) with the geometries the
+  // code was compiled for; `work`: gemm_flops, elem, transcendental, bytes.
+  m.def("_make_partition", [](py::function fn, std::vector<std::string> ops, int kernels,
+                              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                              std::map<std::string, double> work) {
+    std::vector<torch_mgpu::ir::TensorGeometry> in, out;
+    for (const auto& t : inputs) in.push_back(geometry_of_spec(t));
+    for (const auto& t : outputs) out.push_back(geometry_of_spec(t));
+    auto p = torch_mgpu::ir::make_partition(python_partition_fn(std::move(fn)), std::move(ops), kernels,
+                                            std::move(in), std::move(out));
+    p->gemm_flops = work["gemm_flops"];
+    p->elem = work["elem"];
+    p->transcendental = work["transcendental"];
+    p->bytes = work["bytes"];
+    return PartitionHandle{std::move(p)};
+  });
+  m.def("_call_partition", [](const PartitionHandle& h, const std::vector<at::Tensor>& inputs) {
+    return torch_mgpu::capture::call_partition(h.p, inputs);
+  }, nogil());
+  m.def("_alias_tensor", &torch_mgpu::capture::alias_tensor, nogil());
+  m.def("_value_view", [](const at::Tensor& t, const std::string& device) {
+    return torch_mgpu::capture::value_view(t, c10::Device(device));
+  }, nogil());
   m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1);
   m.def("_faults_fired", &torch_mgpu::runtime::faults_fired);
   m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
