@@ -1,23 +1,307 @@
-"""torch.compile(model, backend="mgpu").
+"""torch.compile(model, backend="mgpu"): inductor's kernels on mgpu's lanes.
 
-Dynamo hands the backend an FX graph of the user's function; running that
-graph on mgpu tensors records its ATen ops into the lazy graph like eager
-code does, so the backend runs the captured graph as is (after AOT autograd
-for training graphs), and torch_mgpu plans and executes it at the sync
-point. Registered under the name "mgpu" on import and through the
-`torch_dynamo_backends` entry point.
+The backend is inductor's own pipeline (`compile_fx`: AOTAutograd, its
+decompositions, joint-graph passes and forward/backward split) with another
+inner compiler. For each ATen graph it receives (forward, backward or
+inference), the inner compiler splits the graph along its independent
+branches (`_partition.split`), compiles every partition with inductor
+(`compile_fx_inner`), and returns code that runs the partitions as nodes of
+the lazy engine: each is one `torch_mgpu::partition` op, planned over the
+lanes beside whatever eager mgpu code is pending.
+
+- CPU inputs: the partitions run on the CPU lanes (inputs are wrapped as mgpu
+  values without a copy, outputs come back as CPU tensors over the results'
+  bytes). A graph with no branches worth a hand-off is one partition, called
+  directly: inductor's code with no engine in between. Partitions of a split
+  graph are compiled with the C++ wrapper, which lets go of the GIL, and
+  with intra-op threads shared among the lanes.
+- mgpu inputs: the graph is compiled for the CPU and every partition is
+  recorded lazily, so compiled and eager code share one pending graph;
+  outputs are mgpu tensors.
+- CUDA inputs: compiled for CUDA; the partitions run in order on the current
+  stream.
+- Dynamic shapes: a graph with symbolic sizes is one partition (inductor's
+  dynamic-shape code, called directly, or on a lane for mgpu inputs).
+
+Registered under the name "mgpu" through the `torch_dynamo_backends` entry
+point (and on import of torch_mgpu).
 """
+import os
+import re
+import threading
+import weakref
+
 import torch
+
+from . import _C, _partition
+
+_registry_lock = threading.Lock()
+_partitions = weakref.WeakValueDictionary()  # name -> PartitionInfo
+
+
+class PartitionInfo:
+    """What last_plan() tells about a partition: name, ops, kernels, its
+    estimated work and how long it took to compile."""
+
+    def __init__(self, handle, ops, kernels, work, compile_s):
+        self.handle = handle
+        self.name = handle.name
+        self.ops = ops
+        self.kernels = kernels
+        self.work = work
+        self.compile_s = compile_s
+
+
+def partition_info(name: str):
+    with _registry_lock:
+        return _partitions.get(name)
+
+
+def _is_mgpu(x):
+    return isinstance(x, torch.Tensor) and x.device.type == "mgpu"
+
+
+def _count_kernels(compiled) -> int:
+    src = getattr(compiled, "source_code", "") or ""
+    names = set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\b", src))
+    externs = len(re.findall(r"extern_kernels\.\w+\(|aoti_torch_cpu_\w+\(|aoti_torch_cuda_\w+\(|at::\w+\(", src))
+    return len(names) + externs
+
+
+def _cpu_threads(lanes):
+    return max(1, (os.cpu_count() or 1) // max(1, lanes))
+
+
+class _Part:
+    """One compiled partition of a graph."""
+
+    def __init__(self, sub, inputs, outputs, example_inputs, kwargs, multi, lanes):
+        import time
+
+        from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        self.inputs = inputs    # FX nodes of the whole graph
+        self.outputs = outputs
+        self.ops = [_partition.op_name(n) for n in sub.graph.nodes if n.op == "call_function"
+                    and n.target is not __import__("operator").getitem]
+        work = {"gemm_flops": 0.0, "elem": 0.0, "transcendental": 0.0, "bytes": 0.0}
+        for n in sub.graph.nodes:
+            for k, v in _partition.node_work(n).items():
+                work[k] += v
+        self.work = work
+        cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in example_inputs)
+        patches = {}
+        if multi and cpu:
+            # Lanes call it side by side: the C++ wrapper lets go of the GIL,
+            # and each call gets its share of the cores.
+            patches = {"cpp_wrapper": True, "cpp.threads": _cpu_threads(lanes)}
+        t0 = time.perf_counter()
+        with inductor_config.patch(patches):
+            self.compiled = compile_fx_inner(sub, example_inputs,
+                                             **dict(kwargs, cpp_wrapper=patches.get("cpp_wrapper", False)))
+        self.compile_s = time.perf_counter() - t0
+        self.kernels = _count_kernels(self.compiled)
+        self.specs = [v if isinstance(v, torch.Tensor) else None for v in example_inputs]
+        self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
+                            for v in example_inputs)
+        self.handle = None
+        if not self.symbolic:
+            out_vals = [o.meta["val"] for o in outputs]
+            self.handle = _C._make_partition(
+                self._run, self.ops, self.kernels,
+                [_meta_like(v) for v in example_inputs if isinstance(v, torch.Tensor)],
+                [_meta_like(v) for v in out_vals], work)
+            info = PartitionInfo(self.handle, self.ops, self.kernels, work, self.compile_s)
+            with _registry_lock:
+                _partitions[self.handle.name] = info
+            self._info = info  # kept alive with the compiled graph
+
+    def _run(self, tensors):
+        """Called by the engine on a lane (with the GIL): CPU tensors in."""
+        args = []
+        for t, spec in zip(tensors, self.specs):
+            if spec is not None and t.stride() != spec.stride():
+                t = torch.empty_strided(spec.shape, spec.stride(), dtype=t.dtype, device=t.device).copy_(t)
+            args.append(t)
+        return list(self.compiled(args))
+
+    def __call__(self, args):
+        """Runs it here, on host or CUDA tensors."""
+        return list(self.compiled(list(args)))
+
+
+def _has_symbols(t):
+    return any(isinstance(s, torch.SymInt) for s in t.shape) or any(isinstance(s, torch.SymInt) for s in t.stride())
+
+
+def _meta_like(v):
+    return torch.empty_strided(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()),
+                               dtype=v.dtype, device="meta")
+
+
+class CompiledGraph:
+    """What the inner compiler returns: a boxed callable (AOTAutograd's
+    calling convention) over the partitions of one graph."""
+
+    def __init__(self, gm, example_inputs, kwargs):
+        self._boxed_call = True  # an instance attribute: wrappers copy __dict__
+        kwargs = dict(kwargs)
+        static = set(kwargs.pop("static_input_idxs", ()) or ())
+        kwargs.pop("cudagraphs", None)
+        kwargs.pop("cpp_wrapper", None)
+        kwargs.pop("fx_wrapper", None)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.placeholder_index = {n: i for i, n in enumerate(placeholders)}
+        for p, v in zip(placeholders, example_inputs):
+            if "val" not in p.meta:
+                p.meta["val"] = v
+        symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
+                       for v in (p.meta.get("val") for p in placeholders))
+        lanes = len(_C.lanes())
+        groups = _partition.split(gm, 1 if symbolic else lanes)
+        outside = _partition.used_outside(gm, groups)
+        multi = len(groups) > 1
+        self.parts = []
+        from torch._guards import TracingContext
+
+        for members in groups:
+            sub, ins, outs = _partition.subgraph(gm, members, outside)
+            sub_static = [k for k, i in enumerate(ins) if self.placeholder_index.get(i) in static]
+            examples = [i.meta["val"] for i in ins]
+            # Each compile reports its own outputs' strides; the graph's are
+            # reported below.
+            with TracingContext.report_output_strides():
+                self.parts.append(_Part(sub, ins, outs, examples, dict(kwargs, static_input_idxs=sub_static),
+                                        multi, lanes))
+        self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        context = TracingContext.try_get()
+        if context is not None and context.output_strides is not None:
+            for a in self.output_args:
+                v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                context.output_strides.append(tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
+        self.symbolic = symbolic
+
+    # -- running ----------------------------------------------------------
+    def __call__(self, args):
+        args = list(args)
+        if any(_is_mgpu(a) for a in args):
+            return self._run_lazy(args)
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if len(self.parts) == 1 or on_cuda or self.symbolic:
+            return self._run_direct(args)
+        return self._run_engine(args)
+
+    def _value(self, node, args, env):
+        if node in env:
+            return env[node]
+        return args[self.placeholder_index[node]]
+
+    def _outputs(self, args, env, view=None):
+        out = []
+        for a in self.output_args:
+            if not isinstance(a, torch.fx.Node):
+                out.append(a)
+            elif view is not None and a in env:
+                out.append(view(env[a]))
+            else:
+                out.append(self._value(a, args, env))
+        return out
+
+    def _run_direct(self, args):
+        """Each partition in turn, here: inductor's code and nothing else."""
+        env = {}
+        for part in self.parts:
+            env.update(zip(part.outputs, part([self._value(i, args, env) for i in part.inputs])))
+        return self._outputs(args, env)
+
+    def _record(self, args, wrap):
+        env = {}
+        for part in self.parts:
+            if part.handle is None:
+                raise RuntimeError("mgpu: a compiled graph with symbolic sizes cannot run on mgpu tensors; "
+                                   "compile it with dynamic=False")
+            ins = [wrap(self._value(i, args, env)) for i in part.inputs]
+            env.update(zip(part.outputs, _C._call_partition(part.handle, ins)))
+        return env
+
+    def _run_engine(self, args):
+        """Host tensors in and out, the partitions planned over the lanes."""
+        aliases = {}
+
+        def wrap(t):
+            if not isinstance(t, torch.Tensor) or _is_mgpu(t):
+                return t
+            if id(t) not in aliases:
+                aliases[id(t)] = _C._alias_tensor(t)
+            return aliases[id(t)]
+
+        env = self._record(args, wrap)
+        return self._outputs(args, env, view=lambda v: _C._value_view(v, "cpu"))
+
+    def _run_lazy(self, args):
+        """mgpu tensors in and out: the partitions join the pending graph."""
+        moved = {}
+
+        def wrap(t):
+            if not isinstance(t, torch.Tensor) or _is_mgpu(t):
+                return t
+            if id(t) not in moved:
+                moved[id(t)] = t.to("mgpu")
+            return moved[id(t)]
+
+        return self._outputs(args, self._record(args, wrap))
+
+
+def _inner_compile(gm, example_inputs, **kwargs):
+    kwargs.pop("compile_region_name", None)
+    return CompiledGraph(gm, example_inputs, kwargs)
 
 
 def mgpu_backend(gm: torch.fx.GraphModule, example_inputs):
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch import config as functorch_config
+    from torch._inductor.compile_fx import compile_fx
 
-    def compiler(fx_module, _inputs):
-        return make_boxed_func(fx_module.forward)
+    if any(_is_mgpu(t) for t in example_inputs):
+        # mgpu tensors: compiled for the CPU, the lanes' device.
+        gm, example_inputs = _for_cpu(gm, example_inputs)
+    with functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, inner_compile=_inner_compile)
 
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+
+def _cpu_device(x):
+    if isinstance(x, torch.device) and x.type == "mgpu":
+        return torch.device("cpu")
+    if isinstance(x, str) and x.startswith("mgpu"):
+        return "cpu"
+    return x
+
+
+def _for_cpu(gm, example_inputs):
+    """The graph and its example inputs with mgpu replaced by the CPU."""
+    from torch._guards import detect_fake_mode
+    from torch.utils._pytree import tree_map
+
+    fake_mode = detect_fake_mode(example_inputs)
+    cpu_inputs = []
+    for t in example_inputs:
+        if _is_mgpu(t):
+            with fake_mode:
+                c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            if isinstance(t, torch.nn.Parameter):
+                c = torch.nn.Parameter(c, requires_grad=t.requires_grad)
+            else:
+                c.requires_grad_(t.requires_grad)
+            for attr in ("_dynamo_static_input_type",):
+                if hasattr(t, attr):
+                    setattr(c, attr, getattr(t, attr))
+            t = c
+        cpu_inputs.append(t)
+    for n in gm.graph.nodes:
+        n.args = tree_map(_cpu_device, n.args)
+        n.kwargs = tree_map(_cpu_device, n.kwargs)
+    gm.recompile()
+    return gm, cpu_inputs
 
 
 def register():

@@ -1,0 +1,312 @@
+"""Splits an ATen FX graph into partitions along its independent branches.
+
+Used by the torch.compile backend (`compile.py`): each partition is
+compiled by inductor on its own and runs as one node of the lazy engine, so
+independent partitions run side by side on the lanes.
+
+The split works on groups of nodes:
+1. every op is a group (a `getitem` belongs to the op it reads);
+2. chains are contracted: a group whose only successor has it as its only
+   predecessor is merged with that successor (nothing can overlap them);
+3. groups too small to pay for a hand-off between lanes (or below a
+   sixteenth of the graph's work per lane) are merged into a neighbour:
+   their only successor, else their only predecessor, else the cheapest
+   successor whose merge keeps the graph acyclic;
+4. chains are contracted again;
+5. if list scheduling the groups over the lanes (each paying a hand-off)
+   would not beat running the whole graph as one piece by `MIN_GAIN`, the
+   graph stays one partition.
+"""
+import operator
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten
+
+# Seconds, for the split only (the engine plans with its own cost model).
+HANDOFF_S = 40e-6      # scheduling one partition on a lane and waiting for it
+GEMM_FLOPS_PER_S = 2e10
+ELEMS_PER_S = 1e9
+TRANSCENDENTAL_PER_S = 2e8
+KERNEL_S = 2e-6        # per compiled loop nest
+MIN_GAIN = 1.15        # serial time / parallel time needed to split at all
+
+_TRANSCENDENTAL = {
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "sin", "cos", "tan",
+    "erf", "erfc", "erfinv", "pow", "sqrt", "rsqrt", "atan", "atan2", "asin", "acos", "sinh", "cosh",
+    "gelu", "silu", "softplus", "_softmax", "_log_softmax", "lgamma", "digamma", "mish", "elu",
+}
+# Ops that only describe memory: no work of their own.
+_FREE = {
+    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze",
+    "alias", "slice", "select", "as_strided", "detach", "split", "split_with_sizes", "unbind",
+    "chunk", "narrow", "diagonal", "view_as_real", "view_as_complex", "_reshape_alias",
+}
+
+
+def op_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[-1] + ("" if t._overloadname == "default" else "." + t._overloadname)
+    return getattr(t, "__name__", str(t))
+
+
+def _packet_name(node):
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[-1]
+    return getattr(t, "__name__", str(t))
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _numel(v) -> float:
+    n = 0.0
+    for t in tree_flatten(v)[0]:
+        if isinstance(t, torch.Tensor):
+            try:
+                n += float(t.numel())
+            except Exception:  # symbolic size
+                n += 1e4
+    return n
+
+
+def _nbytes(v) -> float:
+    n = 0.0
+    for t in tree_flatten(v)[0]:
+        if isinstance(t, torch.Tensor):
+            try:
+                n += float(t.numel() * t.element_size())
+            except Exception:
+                n += 4e4
+    return n
+
+
+def node_work(node: torch.fx.Node) -> dict:
+    """gemm_flops, elem (elementwise outputs), transcendental, bytes of one op."""
+    w = {"gemm_flops": 0.0, "elem": 0.0, "transcendental": 0.0, "bytes": 0.0}
+    if node.op != "call_function" or node.target is operator.getitem:
+        return w
+    name = _packet_name(node)
+    if name in _FREE:
+        return w
+    out = node.meta.get("val")
+    w["elem"] = _numel(out)
+    w["bytes"] = _nbytes(out) + sum(_nbytes(_val(a)) for a in node.all_input_nodes)
+    if name in _TRANSCENDENTAL:
+        w["transcendental"] = w["elem"]
+    t = node.target
+    packet = getattr(t, "overloadpacket", None)
+    from torch.utils.flop_counter import flop_registry
+
+    if packet in flop_registry:
+        try:
+            args = torch.fx.node.map_arg(node.args, _val)
+            kwargs = torch.fx.node.map_arg(node.kwargs, _val)
+            w["gemm_flops"] = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        except Exception:
+            w["gemm_flops"] = 2.0 * w["elem"] * 64
+    return w
+
+
+def seconds(w: dict) -> float:
+    return (w["gemm_flops"] / GEMM_FLOPS_PER_S + w["elem"] / ELEMS_PER_S
+            + w["transcendental"] / TRANSCENDENTAL_PER_S)
+
+
+class _Groups:
+    """Union of FX nodes into groups, with the group graph kept current."""
+
+    def __init__(self, nodes, cost):
+        self.of = {}
+        self.members = {}
+        self.cost = {}
+        for n in nodes:
+            g = self.of.get(n.args[0]) if n.target is operator.getitem and n.args[0] in self.of else None
+            if g is None:
+                g = len(self.members)
+                self.members[g] = []
+                self.cost[g] = 0.0
+            self.of[n] = g
+            self.members[g].append(n)
+            self.cost[g] += cost[n]
+        self.preds = {g: set() for g in self.members}
+        self.succs = {g: set() for g in self.members}
+        for n in nodes:
+            for i in n.all_input_nodes:
+                a, b = self.of.get(i), self.of[n]
+                if a is not None and a != b:
+                    self.preds[b].add(a)
+                    self.succs[a].add(b)
+
+    def reaches(self, a, b, skip_direct=False) -> bool:
+        """Is there a path a -> ... -> b (of two or more edges if skip_direct)?"""
+        stack = [s for s in self.succs[a] if not (skip_direct and s == b)]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            if g == b:
+                return True
+            for s in self.succs[g]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return False
+
+    def can_merge(self, a, b) -> bool:
+        if b in self.succs[a]:
+            return not self.reaches(a, b, skip_direct=True)
+        if a in self.succs[b]:
+            return not self.reaches(b, a, skip_direct=True)
+        return not self.reaches(a, b) and not self.reaches(b, a)
+
+    def merge(self, keep, gone):
+        for n in self.members[gone]:
+            self.of[n] = keep
+        self.members[keep] += self.members.pop(gone)
+        self.cost[keep] += self.cost.pop(gone)
+        for p in self.preds.pop(gone):
+            self.succs[p].discard(gone)
+            if p != keep:
+                self.succs[p].add(keep)
+                self.preds[keep].add(p)
+        for s in self.succs.pop(gone):
+            self.preds[s].discard(gone)
+            if s != keep:
+                self.preds[s].add(keep)
+                self.succs[keep].add(s)
+        self.preds[keep].discard(keep)
+        self.succs[keep].discard(keep)
+
+    def contract_chains(self):
+        changed = True
+        while changed:
+            changed = False
+            for g in list(self.members):
+                if g not in self.members or len(self.succs[g]) != 1:
+                    continue
+                (s,) = self.succs[g]
+                if len(self.preds[s]) == 1:
+                    self.merge(g, s)
+                    changed = True
+
+    def merge_small(self, small):
+        changed = True
+        while changed:
+            changed = False
+            for g in sorted(self.members, key=lambda k: self.cost[k]):
+                if g not in self.members or self.cost[g] >= small or len(self.members) == 1:
+                    continue
+                # Into its only successor (which waits for it anyway), else
+                # its only predecessor (whose other readers wait for it a
+                # little longer), else the cheapest successor: never into one
+                # of several predecessors, which would then wait for the rest.
+                if len(self.succs[g]) == 1:
+                    target = next(iter(self.succs[g]))
+                elif len(self.preds[g]) == 1:
+                    target = next(iter(self.preds[g]))
+                else:
+                    options = sorted(self.succs[g], key=lambda k: self.cost[k])
+                    target = next((o for o in options if self.can_merge(g, o)), None)
+                if target is None or not self.can_merge(g, target):
+                    continue
+                self.merge(target, g)
+                changed = True
+                break
+
+    def order(self):
+        """Groups in a topological order (by their first member's position)."""
+        indeg = {g: len(self.preds[g]) for g in self.members}
+        first = {g: min(self._pos[n] for n in self.members[g]) for g in self.members}
+        ready = sorted((g for g, d in indeg.items() if d == 0), key=first.get)
+        out = []
+        while ready:
+            g = ready.pop(0)
+            out.append(g)
+            for s in self.succs[g]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+            ready.sort(key=first.get)
+        assert len(out) == len(self.members), "partition graph has a cycle"
+        return out
+
+    def makespan(self, order, lanes, handoff):
+        """List schedule of the groups over `lanes` lanes."""
+        free = [0.0] * lanes
+        done = {}
+        for g in order:
+            ready = max((done[p] for p in self.preds[g]), default=0.0)
+            k = min(range(lanes), key=lambda i: max(free[i], ready))
+            start = max(free[k], ready)
+            done[g] = free[k] = start + self.cost[g] + handoff
+        return max(free)
+
+
+def split(gm: torch.fx.GraphModule, lanes: int):
+    """Groups of `gm`'s compute nodes (lists in graph order), in an order
+    that runs each after the groups it reads from."""
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    if not nodes:
+        return []
+    cost = {}
+    for n in nodes:
+        w = node_work(n)
+        cost[n] = seconds(w) + (KERNEL_S if w["elem"] else 0.0)
+    groups = _Groups(nodes, cost)
+    groups._pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    if lanes > 1 and len(groups.members) > 1:
+        groups.contract_chains()
+        # Small: not worth a hand-off, or a sliver of the whole graph.
+        groups.merge_small(max(HANDOFF_S, sum(groups.cost.values()) / (16 * lanes)))
+        groups.contract_chains()
+    order = groups.order()
+    serial = sum(groups.cost.values()) + KERNEL_S
+    if lanes < 2 or len(order) < 2 or groups.makespan(order, lanes, HANDOFF_S) * MIN_GAIN > serial:
+        return [[n for n in gm.graph.nodes if n in groups.of]]
+    pos = groups._pos
+    return [sorted(groups.members[g], key=pos.get) for g in order]
+
+
+def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside):
+    """A GraphModule computing `members` (nodes of `gm`): its placeholders are
+    the values it reads from elsewhere (returned as `inputs`, FX nodes of
+    `gm`), its outputs the members read elsewhere (`outputs`)."""
+    inside = set(members)
+    inputs, outputs = [], []
+    for n in members:
+        for i in n.all_input_nodes:
+            if i not in inside and i not in inputs:
+                inputs.append(i)
+    for n in members:
+        if n in outputs_used_outside:
+            outputs.append(n)
+    g = torch.fx.Graph()
+    env = {}
+    for i in inputs:
+        p = g.placeholder(i.name)
+        p.meta = dict(i.meta)
+        env[i] = p
+    for n in members:
+        env[n] = g.node_copy(n, lambda x: env[x])
+    out = g.output(tuple(env[o] for o in outputs))
+    out.meta["user_visible_output_idxs"] = list(range(len(outputs)))
+    sub = torch.fx.GraphModule(gm, g)
+    return sub, inputs, outputs
+
+
+def used_outside(gm, groups):
+    """Nodes read by another group or by the graph's output."""
+    group_of = {n: k for k, members in enumerate(groups) for n in members}
+    used = set()
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            used.update(n.all_input_nodes)
+            continue
+        k = group_of.get(n)
+        for i in n.all_input_nodes:
+            if i in group_of and group_of[i] != k:
+                used.add(i)
+    return used
