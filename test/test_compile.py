@@ -1,30 +1,302 @@
-"""torch.compile(model, backend="mgpu"): the compiled graph records lazily."""
-import copy
+"""torch.compile(model, backend="mgpu"): inductor partitions run as engine nodes.
 
+Every compiled result is checked against eager CPU on random inputs; the
+partitioner's invariants are checked on random graphs without compiling."""
+import copy
+import random
+
+import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_mgpu
+from torch_mgpu import _C, _partition
+from torch_mgpu.compile import partition_info
+
+TOL = dict(atol=1e-4, rtol=1e-4)
 
 
-def test_compiled_module_forward_backward_match_cpu():
+def partitions_of(plan):
+    return [e for e in plan.timeline() if e["op"].startswith("partition#")]
+
+
+def branches(a, b):
+    return sum(torch.tanh(a[i] @ b[i]).relu() for i in range(a.shape[0]))
+
+
+# -- the partitioner, on ATen graphs (no compiling) --------------------------
+
+def check_split(gm, groups):
+    compute = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    flat = [n for g in groups for n in g]
+    assert sorted(map(str, flat)) == sorted(map(str, compute)), "every op in exactly one partition"
+    assert len(set(flat)) == len(flat)
+    seen = set()
+    for g in groups:  # each partition reads only earlier partitions and the inputs
+        members = set(g)
+        for n in g:
+            for i in n.all_input_nodes:
+                assert i.op == "placeholder" or i in seen or i in members, (n, i)
+        seen |= members
+
+
+def test_split_finds_the_branches_and_keeps_a_chain_whole():
+    a, b = torch.randn(4, 128, 128), torch.randn(4, 128, 128)
+    gm = make_fx(branches)(a, b)
+    groups = _partition.split(gm, lanes=2)
+    check_split(gm, groups)
+    mm_groups = [g for g in groups if any(_partition.op_name(n) == "mm" for n in g)]
+    assert len(mm_groups) >= 2, [[_partition.op_name(n) for n in g] for g in groups]
+    assert len(_partition.split(gm, lanes=1)) == 1
+
+    def chain(x):
+        for _ in range(20):
+            x = torch.tanh(x @ x) * 0.5
+        return x
+    gm = make_fx(chain)(torch.randn(64, 64))
+    assert len(_partition.split(gm, lanes=2)) == 1
+
+
+def random_program(rng, n_ops, size):
+    def f(x, y):
+        pool = [x, y]
+        for _ in range(n_ops):
+            kind = rng.choice(["mm", "add", "tanh", "mul", "sum"])
+            a = rng.choice(pool)
+            if kind == "mm":
+                pool.append(a @ rng.choice(pool))
+            elif kind == "add":
+                pool.append(a + rng.choice(pool))
+            elif kind == "tanh":
+                pool.append(torch.tanh(a))
+            elif kind == "mul":
+                pool.append(a * 0.5)
+            else:
+                pool.append(a.sum(0, keepdim=True).expand(size, size))
+        return tuple(pool[-3:])
+    return f
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_invariants_on_random_graphs(seed):
+    rng = random.Random(seed)
+    size = rng.choice([8, 96, 200])
+    f = random_program(rng, rng.randint(3, 40), size)
+    gm = make_fx(f)(torch.randn(size, size), torch.randn(size, size))
+    for lanes in (1, 2, 4):
+        groups = _partition.split(gm, lanes)
+        check_split(gm, groups)
+        if lanes == 1:
+            assert len(groups) == 1
+
+
+# -- the partition op --------------------------------------------------------
+
+def make_partition(fn, inputs, outputs):
+    meta = [torch.empty_like(t, device="meta") for t in inputs]
+    return _C._make_partition(fn, ["test"], 1, meta, [torch.empty_like(t, device="meta") for t in outputs],
+                              {"elem": float(sum(t.numel() for t in outputs))})
+
+
+def test_partition_op_checks_its_inputs_and_reports_errors_of_its_code():
+    a = torch.randn(3, 4)
+    p = make_partition(lambda xs: [xs[0] * 2], [a], [a])
+    torch.testing.assert_close(_C._call_partition(p, [a])[0], a * 2)
+    with pytest.raises(RuntimeError, match=r"partition#\d+\[test; 1 kernel\] takes 1 tensors, got 2"):
+        _C._call_partition(p, [a, a])
+    with pytest.raises(RuntimeError, match="input 0 must be Float of shape \\[3, 4\\]"):
+        _C._call_partition(p, [torch.randn(4, 3)])
+
+    def boom(xs):
+        raise ValueError("compiled code failed")
+    bad = make_partition(boom, [a], [a])
+    x = a.to("mgpu")
+    good = x + 1
+    failed = _C._call_partition(bad, [x])[0]
+    with pytest.raises(RuntimeError, match="compiled code failed"):
+        torch_mgpu.synchronize()
+    # The failure left every other tensor usable.
+    torch.testing.assert_close(good.cpu(), a + 1)
+    torch.testing.assert_close(x.cpu(), a)
+    with pytest.raises(RuntimeError):
+        failed.cpu()
+
+
+# -- compiled models against eager -------------------------------------------
+
+def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes():
     torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    mg = copy.deepcopy(ref).to("mgpu")
-    compiled = torch.compile(mg, backend="mgpu")
-    x = torch.randn(5, 8)
-    out = compiled(x.to("mgpu"))
-    assert out.device.type == "mgpu"
-    assert torch_mgpu.pending_ops() > 0  # recorded, not run
-    torch.testing.assert_close(out.cpu(), ref(x))
+    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    f = torch.compile(branches, backend="mgpu")
+    out = f(a, b)
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, branches(a, b), **TOL)
+    parts = partitions_of(torch_mgpu.last_plan())
+    assert len(parts) >= 2, torch_mgpu.last_plan()
+    # The cost model plans independent partitions side by side.
+    assert any(p["predicted_start"] < q["predicted_end"] and q["predicted_start"] < p["predicted_end"]
+               and p["lane"] != q["lane"] for p in parts for q in parts), torch_mgpu.last_plan()
+    out = f(a, b)  # a second call: the cached plan
+    torch.testing.assert_close(out, branches(a, b), **TOL)
+    info = partition_info(parts[0]["op"])
+    assert "mm" in info.ops and info.kernels >= 1 and info.work["gemm_flops"] > 0
+    assert torch_mgpu.pending_ops() == 0  # CPU in, CPU out: nothing left pending
+
+
+def test_branches_with_mgpu_inputs_join_the_pending_graph():
+    torch.manual_seed(1)
+    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    f = torch.compile(branches, backend="mgpu")
+    am, bm = a.to("mgpu"), b.to("mgpu")
+    before = torch.sin(am)          # eager mgpu code ...
+    out = f(am, bm) + before.sum()  # ... compiled code, and eager again
+    assert out.device.type == "mgpu" and torch_mgpu.pending_ops() > 0
+    torch.testing.assert_close(out.cpu(), branches(a, b) + torch.sin(a).sum(), **TOL)
+    plan = torch_mgpu.last_plan()
+    ops = [e["op"] for e in plan.timeline()]
+    assert any(o.startswith("partition#") for o in ops) and "aten::sin" in ops
+
+
+def test_mlp_training_matches_eager_and_stays_one_inductor_call():
+    torch.manual_seed(2)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = copy.deepcopy(ref)
+    fast = torch.compile(model, backend="mgpu")
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(8, 16)
+        captured = torch_mgpu.stats()["ops_captured"]
+        loss = fast(x).square().mean()
+        loss.backward()
+        # No branches: the graph is one inductor call, the engine untouched.
+        assert torch_mgpu.stats()["ops_captured"] == captured
+        ref_loss = ref(x).square().mean()
+        ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, **TOL)
+        opt.step(), opt_ref.step(), opt.zero_grad(), opt_ref.zero_grad()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+class Tower(torch.nn.Module):
+    def __init__(self, c, k):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, c, k, padding=k // 2)
+        self.bn = torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class FourTowers(torch.nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.towers = torch.nn.ModuleList([Tower(c, k) for k in (1, 3, 5, 3)])
+
+    def forward(self, x):
+        return torch.cat([t(x) for t in self.towers], 1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "mgpu"])
+def test_four_tower_conv_block_training_and_batchnorm_buffers(device):
+    torch.manual_seed(3)
+    ref = FourTowers()
+    model = copy.deepcopy(ref).to(device)
+    fast = torch.compile(model, backend="mgpu")
+    x = torch.randn(4, 8, 16, 16)
+    out = fast(x.to(device))
+    assert out.device.type == device
+    out.square().mean().backward()
+    ref_out = ref(x)
+    ref_out.square().mean().backward()
+    torch.testing.assert_close(out.cpu(), ref_out, **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL)
+    # No grad, training mode: an inference graph that writes the running
+    # statistics; then eval mode.
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x.to(device)).cpu(), ref(x), **TOL)
+        for b, rb in zip(model.buffers(), ref.buffers()):
+            torch.testing.assert_close(b.cpu(), rb, **TOL)
+        model.eval(), ref.eval()
+        torch.testing.assert_close(fast(x.to(device)).cpu(), ref(x), **TOL)
+
+
+def test_transformer_encoder_layer_on_mgpu_parameters():
+    torch.manual_seed(4)
+    ref = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    model = copy.deepcopy(ref).to("mgpu")
+    fast = torch.compile(model, backend="mgpu")
+    x = torch.randn(2, 10, 32)
+    out = fast(x.to("mgpu"))
     out.sum().backward()
-    ref(x).sum().backward()
-    for p_ref, p_mg in zip(ref.parameters(), mg.parameters()):
-        torch.testing.assert_close(p_mg.grad.cpu(), p_ref.grad)
+    ref_out = ref(x)
+    ref_out.sum().backward()
+    torch.testing.assert_close(out.cpu(), ref_out, **TOL)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-3, rtol=1e-3, msg=name)
 
 
-def test_compiled_function_with_branches():
+def test_lstm_cell_loop_training():
+    torch.manual_seed(5)
+    ref = torch.nn.LSTMCell(8, 16)
+    model = copy.deepcopy(ref)
+
+    def unroll(cell, xs):
+        h = c = torch.zeros(xs.shape[1], 16)
+        for x in xs:
+            h, c = cell(x, (h, c))
+        return h
+
+    fast = torch.compile(lambda xs: unroll(model, xs), backend="mgpu")
+    xs = torch.randn(6, 3, 8)
+    out = fast(xs)
+    out.sum().backward()
+    ref_out = unroll(ref, xs)
+    ref_out.sum().backward()
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+
+
+def kernel_methods(x, y, queries, means):
+    d2 = (x * x).sum(1, keepdim=True) - 2 * x @ x.t() + (x * x).sum(1)
+    gp = []
+    for s in (0.5, 1.0, 2.0):  # GP posterior means, one per length-scale
+        k = torch.exp(-d2 / (2 * s * s)) + 0.1 * torch.eye(x.shape[0])
+        gp.append(k @ torch.cholesky_solve(y, torch.linalg.cholesky(k)))
+    knn = [torch.cdist(q, x).topk(4, largest=False).values for q in queries]
+    logp = torch.stack([-0.5 * ((x - m) ** 2).sum(1) for m in means], 1)  # a GMM E step, then M step
+    resp = torch.softmax(logp, 1)
+    new_means = (resp.t() @ x) / (resp.sum(0)[:, None] + 1e-6)
+    return gp, knn, new_means
+
+
+def test_kernel_methods_gp_knn_gmm():
+    torch.manual_seed(6)
+    x, y = torch.randn(96, 8), torch.randn(96, 2)
+    queries = [torch.randn(32, 8) for _ in range(3)]
+    means = torch.randn(4, 8)
+    fast = torch.compile(kernel_methods, backend="mgpu")
+    got = fast(x, y, queries, means)
+    want = kernel_methods(x, y, queries, means)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+def test_graph_break_and_dynamic_shapes():
+    torch.manual_seed(7)
+
     def f(a, b):
-        return sum(torch.tanh(a[i] @ b[i]) for i in range(4))
-    compiled = torch.compile(f, backend="mgpu")
-    a, b = torch.randn(4, 32, 32), torch.randn(4, 32, 32)
-    torch.testing.assert_close(compiled(a.to("mgpu"), b.to("mgpu")).cpu(), f(a, b))
+        left = torch.tanh(a @ b)
+        torch._dynamo.graph_break()
+        return left + torch.sigmoid(b @ a)
+
+    fast = torch.compile(f, backend="mgpu")
+    a, b = torch.randn(24, 24), torch.randn(24, 24)
+    torch.testing.assert_close(fast(a, b), f(a, b), **TOL)
+
+    g = torch.compile(lambda a, b: torch.relu(a @ b) + a.sum(), backend="mgpu", dynamic=True)
+    for n in (5, 9, 13):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.testing.assert_close(g(a, b), torch.relu(a @ b) + a.sum(), **TOL)

@@ -11,7 +11,8 @@ The split works on groups of nodes:
 3. groups too small to pay for a hand-off between lanes (or below a
    sixteenth of the graph's work per lane) are merged into a neighbour:
    their only successor, else their only predecessor, else the cheapest
-   successor whose merge keeps the graph acyclic;
+   successor whose merge keeps the graph acyclic (an island with no
+   neighbour: the cheapest group);
 4. chains are contracted again;
 5. if list scheduling the groups over the lanes (each paying a hand-off)
    would not beat running the whole graph as one piece by `MIN_GAIN`, the
@@ -207,6 +208,9 @@ class _Groups:
                     target = next(iter(self.succs[g]))
                 elif len(self.preds[g]) == 1:
                     target = next(iter(self.preds[g]))
+                elif not self.preds[g] and not self.succs[g]:
+                    # An island (a counter's update): into the cheapest group.
+                    target = min((k for k in self.members if k != g), key=lambda k: self.cost[k])
                 else:
                     options = sorted(self.succs[g], key=lambda k: self.cost[k])
                     target = next((o for o in options if self.can_merge(g, o)), None)

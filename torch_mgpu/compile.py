@@ -106,6 +106,7 @@ class _Part:
         self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
                             for v in example_inputs)
         self.handle = None
+        work = dict(work, threads=float(patches.get("cpp.threads", 0)))
         if not self.symbolic:
             out_vals = [o.meta["val"] for o in outputs]
             self.handle = _C._make_partition(
@@ -131,6 +132,25 @@ class _Part:
         return list(self.compiled(list(args)))
 
 
+def _strip_input_mutations(gm, placeholder_index):
+    """Takes the graph's writes into its inputs (`copy_(input, value)`, as
+    AOTAutograd leaves BatchNorm's running statistics in inference graphs)
+    out of it: partitions are pure functions of their inputs. Returns
+    (input index, value node) pairs, copied by the caller after the run."""
+    mutations = []
+    for n in list(gm.graph.nodes):
+        if (n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+                and n.args[0] in placeholder_index):
+            dst, src = n.args[0], n.args[1]
+            n.replace_all_uses_with(src)
+            gm.graph.erase_node(n)
+            mutations.append((placeholder_index[dst], src))
+    if mutations:
+        gm.graph.lint()
+        gm.recompile()
+    return mutations
+
+
 def _has_symbols(t):
     return any(isinstance(s, torch.SymInt) for s in t.shape) or any(isinstance(s, torch.SymInt) for s in t.stride())
 
@@ -153,6 +173,7 @@ class CompiledGraph:
         kwargs.pop("fx_wrapper", None)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.placeholder_index = {n: i for i, n in enumerate(placeholders)}
+        self.mutations = _strip_input_mutations(gm, self.placeholder_index)
         for p, v in zip(placeholders, example_inputs):
             if "val" not in p.meta:
                 p.meta["val"] = v
@@ -160,7 +181,7 @@ class CompiledGraph:
                        for v in (p.meta.get("val") for p in placeholders))
         lanes = len(_C.lanes())
         groups = _partition.split(gm, 1 if symbolic else lanes)
-        outside = _partition.used_outside(gm, groups)
+        outside = _partition.used_outside(gm, groups) | {src for _, src in self.mutations}
         multi = len(groups) > 1
         self.parts = []
         from torch._guards import TracingContext
@@ -198,6 +219,9 @@ class CompiledGraph:
         return args[self.placeholder_index[node]]
 
     def _outputs(self, args, env, view=None):
+        for index, src in self.mutations:
+            v = env.get(src) if src in env else self._value(src, args, env)
+            args[index].copy_(view(v) if view is not None and src in env else v)
         out = []
         for a in self.output_args:
             if not isinstance(a, torch.fx.Node):

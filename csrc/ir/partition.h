@@ -27,6 +27,8 @@ struct Partition : torch::CustomClassHolder {
   // Its work, for the cost model: product flops, elementwise and
   // transcendental outputs, bytes read and written.
   double gemm_flops = 0, elem = 0, transcendental = 0, bytes = 0;
+  // Intra-op threads its compiled loops use (0: as many as the lane has).
+  int threads = 0;
 };
 
 // Makes a partition with a fresh id and its interned name.

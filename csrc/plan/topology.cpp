@@ -131,6 +131,7 @@ Work estimate_work(const ir::Node& n) {
     w.elem = p->elem;
     w.transcendental_elems = p->transcendental;
     w.bytes = p->bytes;
+    w.loop_threads = p->threads;
     return w;
   }
   for (const auto& a : n.args)
@@ -207,9 +208,11 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
   if (w.gemm) rate = w.flops < cm.parallel_min_flops ? cm.small_gemm_flops_per_s : cm.gemm_flops_per_s;
   else rate = w.transcendental ? cm.transcendental_per_s : cm.elem_per_s;
   const double all = w.flops + w.elem + w.transcendental_elems;
-  double speedup = 1.0;
-  if (threads > 1 && all >= cm.parallel_min_flops) speedup = 1.0 + (threads - 1) * cm.parallel_efficiency;
-  double compute = (w.flops / rate + w.elem / cm.elem_per_s + w.transcendental_elems / cm.transcendental_per_s) / speedup;
+  auto speedup_on = [&](int t) { return t > 1 && all >= cm.parallel_min_flops ? 1.0 + (t - 1) * cm.parallel_efficiency : 1.0; };
+  const double speedup = speedup_on(threads);
+  const int loops = w.loop_threads > 0 ? std::min(threads, w.loop_threads) : threads;
+  double compute = w.flops / rate / speedup +
+      (w.elem / cm.elem_per_s + w.transcendental_elems / cm.transcendental_per_s) / speedup_on(loops);
   double memory = w.bytes / (cm.bytes_per_s * speedup);
   return w.scale * (cm.op_overhead_s + std::max(compute, memory));
 }

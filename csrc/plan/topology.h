@@ -56,6 +56,8 @@ struct Work {
   // Compiled partitions mix kinds of work: besides `flops` (at the GEMM
   // rate when `gemm`), elementwise and transcendental outputs.
   double elem = 0, transcendental_elems = 0;
+  // Intra-op threads its elementwise loops were compiled for (0: any).
+  int loop_threads = 0;
   // Measured over modelled time of this node in earlier runs of the same
   // graph (1: not measured): corrects what the model cannot know, such as
   // an op's speed on this data or a kernel the model has no formula for.

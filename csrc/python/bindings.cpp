@@ -204,6 +204,7 @@ PYBIND11_MODULE(_C, m) {
     p->elem = work["elem"];
     p->transcendental = work["transcendental"];
     p->bytes = work["bytes"];
+    p->threads = static_cast<int>(work["threads"]);
     return PartitionHandle{std::move(p)};
   });
   m.def("_call_partition", [](const PartitionHandle& h, const std::vector<at::Tensor>& inputs) {

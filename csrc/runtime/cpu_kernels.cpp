@@ -4,6 +4,7 @@
 // they are given here, with the arithmetic of the CUDA kernels.
 #include <ATen/ATen.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <torch/library.h>
 
 #include "runtime/executor.h"
@@ -102,8 +103,16 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     s.unsafeGetTensorImpl()->set_requires_grad(t.requires_grad());
     return s;
   };
+  // Tracing with symbolic sizes (torch.compile, dynamic shapes): the math
+  // path, which any size can take.
+  for (const at::Tensor* t : {&q, &k, &v, mask && mask->defined() ? &*mask : nullptr})
+    if (t && t->unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+      return static_cast<int64_t>(sdp::SDPBackend::math);
   std::optional<at::Tensor> m;
   if (mask && mask->defined()) m = shadow(*mask);
+  // The shadows are plain CPU tensors: no Python mode (a FakeTensorMode
+  // tracing the call) may see them.
+  c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   return at::_fused_sdp_choice(shadow(q), shadow(k), shadow(v), m, dropout_p, is_causal, scale, enable_gqa);
 }
 
