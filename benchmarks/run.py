@@ -153,13 +153,20 @@ def run_case(case, quick):
     variants = {"eager": (lambda: case.fn(*cpu_in), nothing, nothing)}
     if case.fork is not None:
         variants["jit_fork"] = (lambda: case.fork(*cpu_in), nothing, nothing)
+    compiled_fns = {}
     if not quick and case.compile_ok:
-        try:
-            compiled = torch.compile(case.fn)
-            compiled(*cpu_in)  # compiles here, so that a failure is reported, not hidden
-            variants["compile"] = (lambda: compiled(*cpu_in), nothing, nothing)
-        except Exception as e:  # report, do not hide
-            res["compile_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+        # torch.compile with inductor, and with the mgpu backend (inductor's
+        # kernels in partitions planned over the lanes), on the CPU inputs.
+        for key, backend in (("compile", "inductor"), ("mgpu_compiled", "mgpu")):
+            try:
+                fn = torch.compile(case.fn, backend=backend)
+                t = time.perf_counter()
+                fn(*cpu_in)  # compiles here, so that a failure is reported, not hidden
+                res[key + "_seconds"] = time.perf_counter() - t
+                compiled_fns[key] = fn
+                variants[key] = (lambda fn=fn: fn(*cpu_in), nothing, nothing)
+            except Exception as e:  # report, do not hide
+                res[key + "_error"] = f"{type(e).__name__}: {str(e)[:80]}"
     saved_async = torch_mgpu.async_ops()
     if capture_only:
         # Time the recording only: the sync runs untimed after each run (and
@@ -208,6 +215,17 @@ def run_case(case, quick):
                        "measured": plan.measured_makespan if plan else 0}
     # Correctness guard: mgpu equals eager on this case.
     ref = case.fn(*cpu_in)
+    if "mgpu_compiled" in compiled_fns:
+        check(ref, compiled_fns["mgpu_compiled"](*cpu_in))
+        # The compiled graph's partitions in the last plan: its prediction
+        # over its measurement (one partition is called directly: no plan).
+        plan = torch_mgpu.last_plan()
+        parts = [e for e in plan.timeline() if e["op"].startswith("partition#")] if plan else []
+        if parts and len(parts) == len(plan):
+            res["compiled_partitions"] = len(parts)
+            res["compiled_plan_ratio"] = plan.predicted_makespan / plan.measured_makespan
+        else:
+            res["compiled_partitions"] = 1
     got = tree_map(lambda t: t.cpu() if t.device.type == "mgpu" else t, case.fn(*mg_in))
     check(ref, got)
     return res
@@ -249,7 +267,7 @@ def main():
             rows.append((case, r))
             e = r["eager"]["median"]
             parts = [f"{case.workload:14s} {case.name:30s}"]
-            for k in ["eager", "eager_1t", "compile", "jit_fork", "mgpu", "simulated"]:
+            for k in ["eager", "eager_1t", "compile", "jit_fork", "mgpu", "mgpu_compiled", "simulated"]:
                 if k in r:
                     parts.append(f"{k} {r[k]['median'] * 1e3:8.3f}ms ({e / r[k]['median']:.2f}x)")
             print("  ".join(parts), flush=True)
@@ -276,6 +294,19 @@ def main():
         "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | simulated | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    compiled_lines = [
+        "",
+        "## torch.compile: inductor against the mgpu backend",
+        "",
+        "`mgpu compiled`: `torch.compile(fn, backend=\"mgpu\")` on the CPU inputs: inductor's kernels, the graph split",
+        "into partitions along its branches, the partitions planned over the lanes (one partition: called directly).",
+        "Measured in the same round-robin as the table above. Compile seconds: the first call (the",
+        "inductor cache, shared by both, may be warm from earlier runs).",
+        "`predicted / measured`: the last plan of the compiled call (only partitions in it).",
+        "",
+        "| workload | case | torch.compile (inductor) | mgpu compiled | mgpu compiled / inductor speed | partitions | predicted / measured | compile s inductor / mgpu |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     lines = list(header)
     for case, r in rows:
         def cell(k):
@@ -294,6 +325,19 @@ def main():
             f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
             f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
             f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
+    for case, r in rows:
+        if "compile" not in r or "mgpu_compiled" not in r:
+            if "compile_error" in r or "mgpu_compiled_error" in r:
+                compiled_lines.append(f"| {case.workload} | {case.name} | {r.get('compile_error', '-')} | "
+                                      f"{r.get('mgpu_compiled_error', '-')} | - | - | - | - |")
+            continue
+        ratio = r.get("compiled_plan_ratio")
+        compiled_lines.append(
+            f"| {case.workload} | {case.name} | {fmt_ms(r['compile'])} | {fmt_ms(r['mgpu_compiled'])} | "
+            f"{r['compile']['median'] / r['mgpu_compiled']['median']:.2f}x | {r.get('compiled_partitions', '-')} | "
+            f"{f'{ratio:.2f}' if ratio else '-'} | {r['compile_seconds']:.1f} / {r['mgpu_compiled_seconds']:.1f} |")
+    if len(compiled_lines) > 11:
+        lines += compiled_lines
     sim_rows, planning = bench_simulator.report(a.quick)
     sim_md = bench_simulator.markdown(sim_rows, planning)
     print(sim_md)
