@@ -155,6 +155,9 @@ def run_case(case, quick):
         variants["jit_fork"] = (lambda: case.fork(*cpu_in), nothing, nothing)
     compiled_fns = {}
     if not quick and case.compile_ok:
+        # Cases share functions (several shapes, two backends): recompiles
+        # past dynamo's default limit would silently run eager.
+        torch._dynamo.config.recompile_limit = 64
         # torch.compile with inductor, and with the mgpu backend (inductor's
         # kernels in partitions planned over the lanes), on the CPU inputs.
         for key, backend in (("compile", "inductor"), ("mgpu_compiled", "mgpu")):

@@ -41,7 +41,7 @@ def check_split(gm, groups):
 
 
 def test_split_finds_the_branches_and_keeps_a_chain_whole():
-    a, b = torch.randn(4, 128, 128), torch.randn(4, 128, 128)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     gm = make_fx(branches)(a, b)
     groups = _partition.split(gm, lanes=2)
     check_split(gm, groups)
@@ -300,3 +300,19 @@ def test_graph_break_and_dynamic_shapes():
     for n in (5, 9, 13):
         a, b = torch.randn(n, n), torch.randn(n, n)
         torch.testing.assert_close(g(a, b), torch.relu(a @ b) + a.sum(), **TOL)
+
+
+def test_a_partition_that_reads_no_tensor():
+    torch.manual_seed(8)
+
+    def f(a):
+        return torch.tanh(a @ a), torch.exp(torch.eye(1000)) * 2
+
+    a = torch.randn(300, 300)
+    fast = torch.compile(f, backend="mgpu")
+    for x in (a, a.to("mgpu")):
+        got = fast(x)
+        torch.testing.assert_close([g.cpu() for g in got], list(f(a)), **TOL)
+    # torch.eye (decomposed: iota, eq) is a partition of its own, with no input.
+    parts = partitions_of(torch_mgpu.last_plan())
+    assert len(parts) == 2 and any("iota" in partition_info(p["op"]).ops for p in parts), parts

@@ -10,9 +10,10 @@ The split works on groups of nodes:
    predecessor is merged with that successor (nothing can overlap them);
 3. groups too small to pay for a hand-off between lanes (or below a
    sixteenth of the graph's work per lane) are merged into a neighbour:
-   their only successor, else their only predecessor, else the cheapest
-   successor whose merge keeps the graph acyclic (an island with no
-   neighbour: the cheapest group);
+   their only predecessor (the work stays in the parallel part), else their
+   only successor, else the cheapest successor whose merge keeps the graph
+   acyclic (an island with no neighbour: the cheapest group), contracting
+   chains after each merge;
 4. chains are contracted again;
 5. if list scheduling the groups over the lanes (each paying a hand-off)
    would not beat running the whole graph as one piece by `MIN_GAIN`, the
@@ -25,10 +26,10 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 # Seconds, for the split only (the engine plans with its own cost model).
-HANDOFF_S = 40e-6      # scheduling one partition on a lane and waiting for it
+HANDOFF_S = 150e-6     # a partition's call on a lane (Python, GIL) and the wait for it
 GEMM_FLOPS_PER_S = 2e10
-ELEMS_PER_S = 1e9
-TRANSCENDENTAL_PER_S = 2e8
+ELEMS_PER_S = 8e9         # fused loops: an op is a few vector instructions per element
+TRANSCENDENTAL_PER_S = 1e9
 KERNEL_S = 2e-6        # per compiled loop nest
 MIN_GAIN = 1.15        # serial time / parallel time needed to split at all
 
@@ -200,14 +201,16 @@ class _Groups:
             for g in sorted(self.members, key=lambda k: self.cost[k]):
                 if g not in self.members or self.cost[g] >= small or len(self.members) == 1:
                     continue
-                # Into its only successor (which waits for it anyway), else
-                # its only predecessor (whose other readers wait for it a
-                # little longer), else the cheapest successor: never into one
-                # of several predecessors, which would then wait for the rest.
-                if len(self.succs[g]) == 1:
-                    target = next(iter(self.succs[g]))
-                elif len(self.preds[g]) == 1:
+                # Into its only predecessor (whose other readers wait for it
+                # a little longer: it stays in the parallel part), else its
+                # only successor (which waits for it anyway, but may be a
+                # join: the work moves after the join), else the cheapest
+                # successor: never into one of several predecessors, which
+                # would then wait for the rest.
+                if len(self.preds[g]) == 1:
                     target = next(iter(self.preds[g]))
+                elif len(self.succs[g]) == 1:
+                    target = next(iter(self.succs[g]))
                 elif not self.preds[g] and not self.succs[g]:
                     # An island (a counter's update): into the cheapest group.
                     target = min((k for k in self.members if k != g), key=lambda k: self.cost[k])
@@ -217,6 +220,7 @@ class _Groups:
                 if target is None or not self.can_merge(g, target):
                     continue
                 self.merge(target, g)
+                self.contract_chains()
                 changed = True
                 break
 

@@ -107,12 +107,16 @@ class _Part:
                             for v in example_inputs)
         self.handle = None
         work = dict(work, threads=float(patches.get("cpp.threads", 0)))
+        # A partition that reads no tensor (torch.eye, arange) takes an empty
+        # one: the op finds its device (and the node its lane) from it.
+        self.anchored = not any(isinstance(v, torch.Tensor) for v in example_inputs)
         if not self.symbolic:
             out_vals = [o.meta["val"] for o in outputs]
-            self.handle = _C._make_partition(
-                self._run, self.ops, self.kernels,
-                [_meta_like(v) for v in example_inputs if isinstance(v, torch.Tensor)],
-                [_meta_like(v) for v in out_vals], work)
+            specs = [_meta_like(v) for v in example_inputs if isinstance(v, torch.Tensor)]
+            if self.anchored:
+                specs.append(torch.empty(0, device="meta"))
+            self.handle = _C._make_partition(self._run, self.ops, self.kernels, specs,
+                                             [_meta_like(v) for v in out_vals], work)
             info = PartitionInfo(self.handle, self.ops, self.kernels, work, self.compile_s)
             with _registry_lock:
                 _partitions[self.handle.name] = info
@@ -121,6 +125,8 @@ class _Part:
     def _run(self, tensors):
         """Called by the engine on a lane (with the GIL): CPU tensors in."""
         args = []
+        if self.anchored:
+            tensors = tensors[:-1]
         for t, spec in zip(tensors, self.specs):
             if spec is not None and t.stride() != spec.stride():
                 t = torch.empty_strided(spec.shape, spec.stride(), dtype=t.dtype, device=t.device).copy_(t)
@@ -239,13 +245,15 @@ class CompiledGraph:
             env.update(zip(part.outputs, part([self._value(i, args, env) for i in part.inputs])))
         return self._outputs(args, env)
 
-    def _record(self, args, wrap):
+    def _record(self, args, wrap, anchor):
         env = {}
         for part in self.parts:
             if part.handle is None:
                 raise RuntimeError("mgpu: a compiled graph with symbolic sizes cannot run on mgpu tensors; "
                                    "compile it with dynamic=False")
             ins = [wrap(self._value(i, args, env)) for i in part.inputs]
+            if part.anchored:
+                ins.append(anchor())
             env.update(zip(part.outputs, _C._call_partition(part.handle, ins)))
         return env
 
@@ -260,7 +268,7 @@ class CompiledGraph:
                 aliases[id(t)] = _C._alias_tensor(t)
             return aliases[id(t)]
 
-        env = self._record(args, wrap)
+        env = self._record(args, wrap, lambda: _C._alias_tensor(torch.empty(0)))
         return self._outputs(args, env, view=lambda v: _C._value_view(v, "cpu"))
 
     def _run_lazy(self, args):
@@ -274,7 +282,7 @@ class CompiledGraph:
                 moved[id(t)] = t.to("mgpu")
             return moved[id(t)]
 
-        return self._outputs(args, self._record(args, wrap))
+        return self._outputs(args, self._record(args, wrap, lambda: torch.empty(0, device="mgpu")))
 
 
 def _inner_compile(gm, example_inputs, **kwargs):
