@@ -202,6 +202,14 @@ class CompiledGraph:
                 self.parts.append(_Part(sub, ins, outs, examples, dict(kwargs, static_input_idxs=sub_static),
                                         multi, lanes))
         self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        self._direct_in = self._direct_out = None
+        if len(self.parts) == 1 and not self.mutations:
+            part = self.parts[0]
+            self._direct_in = [self.placeholder_index[i] for i in part.inputs]
+            at = {n: k for k, n in enumerate(part.outputs)}
+            out = [(0, at[a]) if a in at else (1, self.placeholder_index[a]) if isinstance(a, torch.fx.Node)
+                   else (2, a) for a in self.output_args]
+            self._direct_out = None if out == [(0, k) for k in range(len(part.outputs))] else out
         context = TracingContext.try_get()
         if context is not None and context.output_strides is not None:
             for a in self.output_args:
@@ -211,11 +219,21 @@ class CompiledGraph:
 
     # -- running ----------------------------------------------------------
     def __call__(self, args):
+        on_cuda = False
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.is_cpu:
+                if a.device.type == "mgpu":
+                    return self._run_lazy(list(args))
+                on_cuda = True
+        if self._direct_in is not None:
+            # One partition on host or CUDA tensors: inductor's code, called
+            # with the inputs it was compiled for, its outputs put in order.
+            outs = self.parts[0].compiled([args[i] for i in self._direct_in])
+            if self._direct_out is None:
+                return outs
+            return [outs[k] if kind == 0 else args[k] if kind == 1 else k for kind, k in self._direct_out]
         args = list(args)
-        if any(_is_mgpu(a) for a in args):
-            return self._run_lazy(args)
-        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        if len(self.parts) == 1 or on_cuda or self.symbolic:
+        if on_cuda or self.symbolic:
             return self._run_direct(args)
         return self._run_engine(args)
 
