@@ -140,6 +140,9 @@ def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes():
     torch.testing.assert_close(out, branches(a, b), **TOL)
     info = partition_info(parts[0]["op"])
     assert "mm" in info.ops and info.kernels >= 1 and info.work["gemm_flops"] > 0
+    listed = torch_mgpu.last_plan().partitions()
+    assert [p["name"] for p in listed] == [e["op"] for e in parts]
+    assert all(p["measured"] > 0 and p["predicted"] > 0 and p["kernels"] >= 1 for p in listed)
     assert torch_mgpu.pending_ops() == 0  # CPU in, CPU out: nothing left pending
 
 

@@ -41,6 +41,21 @@ class Plan:
         shared out evenly over its nodes)."""
         return [dict(e) for e in self._entries()]
 
+    def partitions(self) -> list:
+        """The torch.compile partitions (backend="mgpu") among the nodes:
+        per partition node, {name, ops, kernels, lane, measured, predicted}
+        (seconds), ops being the ATen ops it computes in graph order."""
+        from .compile import partition_info
+
+        out = []
+        for e in self._entries():
+            info = partition_info(e["op"]) if e["op"].startswith("partition#") else None
+            if info is not None:
+                out.append({"name": info.name, "ops": list(info.ops), "kernels": info.kernels, "lane": e["lane"],
+                            "measured": e["end"] - e["start"],
+                            "predicted": e["predicted_end"] - e["predicted_start"]})
+        return out
+
     def busy_lanes(self) -> set:
         return {e["lane"] for e in self._entries()}
 
