@@ -1,10 +1,13 @@
 """torch.accelerator, torch.Stream and torch.Event on mgpu: waiting for the
 device runs what is pending and raises its errors, as
 torch_mgpu.synchronize() does."""
+import os
+
 import pytest
 import torch
 
 import torch_mgpu
+from conftest import restore_lanes
 from torch_mgpu import _C
 
 
@@ -52,8 +55,83 @@ def test_accelerator_synchronize_raises_the_first_error():
         torch_mgpu.set_async_ops(before)
 
 
-def test_current_accelerator_and_bad_index():
+def test_current_accelerator_and_device_index():
     assert torch.accelerator.current_accelerator().type == "mgpu"
-    assert torch.accelerator.device_count() == 1
-    with pytest.raises(IndexError, match="out of range"):
-        torch.accelerator.synchronize(3)
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1 == torch.mgpu.device_count()
+    torch.accelerator.set_device_index(0)
+    assert torch.accelerator.current_device_index() == 0 == torch.mgpu.current_device()
+    with torch.accelerator.device_index(0):
+        assert torch.accelerator.current_device_index() == 0
+    assert torch.mgpu.is_initialized()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.accelerator.synchronize(3),
+    lambda: torch.accelerator.set_device_index(2),
+    lambda: torch.mgpu.set_device(5),
+    lambda: torch.mgpu.synchronize("mgpu:1"),
+    lambda: torch.randn(2, device="mgpu:3"),
+    lambda: torch.accelerator.memory_allocated(4),
+])
+def test_an_out_of_range_device_raises_what_cuda_raises(call):
+    # CUDA: torch.AcceleratorError (a RuntimeError), "invalid device ordinal".
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        call()
+
+
+def test_device_name_and_properties():
+    props = torch.mgpu.get_device_properties()
+    assert props.multi_processor_count == len(torch_mgpu.lanes())
+    assert props.devices == ["cpu:0"]
+    assert props.total_memory == torch.mgpu.mem_get_info()[1] > 0
+    assert torch.mgpu.get_device_name() == props.name == torch.mgpu.get_device_name("mgpu:0")
+    assert f"{len(torch_mgpu.lanes())} lanes" in props.name
+    with pytest.raises(AssertionError, match="Invalid device id"):  # as torch.cuda.get_device_properties
+        torch.mgpu.get_device_properties(1)
+
+
+def test_device_description_follows_the_lanes():
+    before, policy = torch_mgpu.lanes(), torch_mgpu.policy()
+    try:
+        torch_mgpu.configure(devices=["cpu", "cpu"], lanes_per_device=1)
+        props = torch.mgpu.get_device_properties(0)
+        assert props.devices == ["cpu:0", "cpu:1"]
+        assert props.multi_processor_count == 2
+    finally:
+        restore_lanes(before, policy)
+
+
+def _child_reports(after_fork):
+    """Forks; the child runs `after_fork` and exits with its int result."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = int(after_fork())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_is_in_bad_fork_in_a_child_that_inherited_lanes():
+    assert not torch.mgpu._is_in_bad_fork()
+    x = torch.randn(64, 64)
+    # Two independent products: a plan over both lanes starts their threads.
+    a, b = x.to("mgpu") @ x.to("mgpu"), (x.to("mgpu") * 2) @ x.to("mgpu")
+    torch_mgpu.synchronize()
+
+    def child():
+        if not torch.mgpu._is_in_bad_fork():
+            return 1
+        # PyTorch's OpenMP pool does not survive a fork either (eager ops
+        # hang on it): a forked child works with one intra-op thread, as
+        # DataLoader workers do. mgpu works there, on one lane.
+        torch.set_num_threads(1)
+        y = (x.to("mgpu") @ x.to("mgpu")).tanh().cpu()
+        return 0 if torch.allclose(y, (x @ x).tanh()) else 2
+
+    assert _child_reports(child) == 0
+    assert not torch.mgpu._is_in_bad_fork()
+    assert torch.allclose(a.cpu(), x @ x) and torch.allclose(b.cpu(), (x * 2) @ x)

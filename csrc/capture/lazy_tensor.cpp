@@ -1,5 +1,12 @@
 #include "capture/lazy_tensor.h"
 
+#include "ir/held_bytes.h"
+#include "runtime/host_cache.h"
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <unordered_set>
 
 namespace torch_mgpu::capture {
@@ -25,7 +32,10 @@ void delete_buffer(void* ctx) {
   StateLock again(std::try_to_lock);  // freed on release, if the holder has let go meanwhile
 }
 
-struct LazyAllocator final : c10::Allocator {
+// The mgpu allocator. Its storages are lazy (no bytes until computed); as
+// PyTorch's DeviceAllocator it reports what mgpu values really hold
+// (ir/held_bytes.h) to torch.accelerator's memory statistics.
+struct LazyAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     auto* b = new LazyBuffer();
     b->value.node = ir::make_empty(nbytes);
@@ -39,6 +49,53 @@ struct LazyAllocator final : c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     TORCH_CHECK(false, "mgpu storages hold no host-addressable bytes; copy through tensors");
+  }
+
+  bool initialized() override { return true; }
+  // Frees what can be freed without losing a value: the blocks the lanes
+  // keep for reuse.
+  void emptyCache(c10::MempoolId_t) override { runtime::host_cache_empty(); }
+  // Ordering on mgpu follows the data: a storage's bytes are never reused
+  // while a recorded op still reads them.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    using c10::CachingAllocator::Stat;
+    const ir::HeldBytes h = ir::held_bytes();
+    const int64_t cached = runtime::host_cache_stats().cached_bytes;
+    auto set = [](c10::CachingAllocator::StatArray& a, int64_t current, int64_t peak, int64_t allocated,
+                  int64_t freed) {
+      Stat& st = a[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      st.current = current;
+      st.peak = peak;
+      st.allocated = allocated;
+      st.freed = freed;
+    };
+    c10::CachingDeviceAllocator::DeviceStats out;
+    set(out.allocated_bytes, h.current, h.peak, h.allocated, h.freed);
+    set(out.active_bytes, h.current, h.peak, h.allocated, h.freed);
+    set(out.requested_bytes, h.current, h.peak, h.allocated, h.freed);
+    set(out.allocation, h.storages, h.peak_storages, h.allocations, h.frees);
+    set(out.active, h.storages, h.peak_storages, h.allocations, h.frees);
+    // Reserved: what is held plus the freed blocks kept for reuse (their
+    // own peak is not tracked: the peak is the held peak, or more now).
+    set(out.reserved_bytes, h.current + cached, std::max(h.peak, h.current + cached), h.allocated, h.freed);
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    ir::reset_accumulated_held();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    ir::reset_peak_held();
+  }
+  // CPU lanes keep mgpu values in host memory: its free and total bytes.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return {static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page, static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
   }
 };
 } // namespace
@@ -105,8 +162,11 @@ std::vector<LazyBuffer*> pending_buffers() {
 
 void check_device_index(c10::DeviceIndex index) {
   c10::DeviceIndex n = 1;  // one virtual mgpu device spans all lanes
-  TORCH_CHECK_INDEX(index >= -1 && index < n, "mgpu device index ", static_cast<int>(index),
-                    " is out of range: torch.mgpu.device_count() is ", static_cast<int>(n));
+  // As CUDA reports it: torch.AcceleratorError (a RuntimeError).
+  if (index < -1 || index >= n)
+    throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, /*code=*/101,
+                                c10::str("mgpu error: invalid device ordinal: device index ", static_cast<int>(index),
+                                         " is out of range: torch.mgpu.device_count() is ", static_cast<int>(n)));
 }
 
 } // namespace torch_mgpu::capture

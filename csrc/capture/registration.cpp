@@ -4,6 +4,9 @@
 #include "capture/capture.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
+#include "engine/events.h"
+
+#include <atomic>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -14,9 +17,18 @@ namespace torch_mgpu::capture {
 namespace {
 
 thread_local c10::DeviceIndex t_current_device = 0;
+// The current stream of this thread (one mgpu device): 0 is the default.
+thread_local c10::StreamId t_current_stream = 0;
+std::atomic<c10::StreamId> g_next_stream{1};
 
-// mgpu has one stream per device: ordering between lanes is the executor's
-// business, so events and streams are trivially satisfied here.
+engine::Event* as_event(void* event) { return static_cast<engine::Event*>(event); }
+
+// Streams on mgpu are names, not queues: work is ordered by its data, and the
+// planner puts independent work on lanes whatever stream recorded it, so
+// results never depend on streams (code written for CUDA streams, with or
+// without events between them, computes what eager code computes). Each
+// new stream gets its own id, and a thread has a current stream, as on
+// CUDA. Events mark points in the recorded program (engine/events.h).
 struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType T = c10::DeviceType::PrivateUse1;
   c10::DeviceType type() const override { return T; }
@@ -34,23 +46,54 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0 && d.index() < deviceCount()) t_current_device = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, d.index() < 0 ? t_current_device : d.index()));
+  static c10::Device device_of(c10::Device d) {
+    check_device_index(d.index());
+    return c10::Device(T, d.index() < 0 ? t_current_device : d.index());
   }
-  c10::Stream getNewStream(c10::Device d, int priority) const override { return getStream(d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device_of(d), t_current_stream);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, device_of(d));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device_of(d), g_next_stream.fetch_add(1));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool isHighPriority) const override {
+    return getNewStream(d, isHighPriority ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream old = getStream(s.device());
+    t_current_stream = s.id();
+    return old;
+  }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
-              const c10::EventFlag flag) const override {}
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(stream.device_type() == T, "mgpu: an event can only be recorded on an mgpu stream, got ", stream);
+    if (*event == nullptr) *event = new engine::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
+    as_event(*event)->record();
+  }
+  // Ordering follows the data: a stream waiting for an event has nothing to
+  // wait for that the planner would not order anyway.
   void block(void* event, const c10::Stream& stream) const override {}
-  bool queryEvent(void* event) const override { return true; }
-  void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {}
-  bool queryStream(const c10::Stream& stream) const override { return true; }
+  bool queryEvent(void* event) const override { return event == nullptr || as_event(event)->query(); }
+  void destroyEvent(void* event, const c10::DeviceIndex device_index) const noexcept override {
+    delete as_event(event);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex device_index) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
+    return as_event(start)->elapsed_ms(*as_event(end));
+  }
+  // A stream is idle when nothing recorded is left to run.
+  bool queryStream(const c10::Stream& stream) const override { return ir::pending_op_count() == 0; }
   // Waiting for the device (torch.accelerator.synchronize(), a stream's or an
   // event's synchronize()) runs what is pending and raises its first error,
   // as torch_mgpu.synchronize() does: on mgpu, work is done when it has run.
   void synchronizeStream(const c10::Stream& stream) const override { sync_all(); }
-  void synchronizeEvent(void* event) const override { sync_all(); }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) as_event(event)->synchronize();
+  }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     check_device_index(device_index);
     sync_all();

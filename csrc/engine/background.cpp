@@ -38,6 +38,7 @@ class Worker {
     }
     cv_.notify_one();
   }
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
   void wait() {
     // A flight is short: spin for it before sleeping (waking a sleeping
     // thread costs tens to hundreds of microseconds on a virtual machine).
@@ -53,6 +54,7 @@ class Worker {
   Worker() {
     const char* spin = std::getenv("TORCH_MGPU_SPIN_US");
     spin_ns_ = (spin ? std::atoll(spin) : 300) * 1000;
+    runtime::note_threads_started();
     thread_ = std::thread([this] { loop(); });
     thread_.detach();
     // C++ programs that exit with a flight running wait for it first.
@@ -133,6 +135,16 @@ void finish_flight() {
   if (!e->ran) return;
   bind(*e);
   if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
+}
+
+bool flight_running() {
+  auto& bg = background();
+  if (!bg.flight) return false;
+  if (runtime::in_forked_child() || Worker::instance().finished()) {
+    finish_flight();  // done: binding it does not wait
+    return false;
+  }
+  return true;
 }
 
 std::exception_ptr take_background_error() {

@@ -49,8 +49,14 @@ std::vector<ir::Value> pending_roots();
 // Background execution (background.cpp), under the state lock.
 // Waits for the running flight, if any, and binds it.
 void finish_flight();
+// Whether a flight is still running; one that has finished is bound first.
+bool flight_running();
 // After a sync ran everything pending: restarts the flush count and returns
 // the first error of a flight bound since the last sync (once).
 std::exception_ptr take_background_error();
+
+// Events (events.cpp): the ops an execution ran, with their end times, for
+// the events recorded after them. Under the state lock, from bind().
+void observe_executed(const ir::Graph& g, const runtime::ExecResult& r);
 
 } // namespace torch_mgpu::engine

@@ -371,6 +371,7 @@ void Execution::run() {
 void bind(Execution& e) {
   auto t0 = clock::now();
   const ir::Graph& g = e.g;
+  observe_executed(g, e.result);
   auto in_graph = [&](const ir::Value& v) { return g.find(v.node.get()) >= 0; };
   // (node, output) -> leaf, for every root
   std::map<std::pair<const ir::Node*, int>, ir::Value> leaf;

@@ -1,4 +1,5 @@
 #include "ir/node.h"
+#include "ir/held_bytes.h"
 #include "ir/partition.h"
 
 #include <mutex>
@@ -87,6 +88,7 @@ c10::Storage Node::replica(c10::Device device) const {
 }
 
 void Node::add_replica(c10::Storage copy) const {
+  hold(copy);
   std::lock_guard<std::mutex> lock(replicas_mutex_);
   replicas_.push_back(std::move(copy));
 }
@@ -102,6 +104,8 @@ Node::Node() : id(g_next_id.fetch_add(1)) {
 
 Node::~Node() {
   if (kind == NodeKind::Op) g_pending.fetch_sub(1);
+  release(data);
+  for (const auto& r : replicas_) release(r);
   // Release long operand chains iteratively: a chain of a million in-place
   // versions would otherwise recurse a million frames deep on destruction.
   // A node this one held last is emptied of its operands before it dies;
@@ -138,6 +142,7 @@ void mark_executed(Node& node) {
 }
 
 int64_t pending_op_count() { return g_pending.load(); }
+uint64_t next_node_id() { return g_next_id.load(); }
 
 std::string_view intern(std::string_view s) {
   static std::mutex m;
@@ -197,6 +202,7 @@ NodePtr make_leaf(NodeKind kind, const char* name, size_t nbytes) {
 NodePtr make_data(c10::Storage storage) {
   auto n = make_leaf(NodeKind::Data, "data", storage.nbytes());
   n->data = std::move(storage);
+  hold(n->data);
   return n;
 }
 

@@ -132,6 +132,8 @@ NodePtr make_empty(size_t nbytes);
 // An Error node: reading it raises `message`.
 NodePtr make_error(std::string message, size_t nbytes);
 
+// The id the next node will get: every node made before has a smaller one.
+uint64_t next_node_id();
 // Number of Op nodes alive and not yet executed.
 int64_t pending_op_count();
 // Called by the executor when it has run a node, so the node no longer

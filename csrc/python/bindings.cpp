@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "ir/partition.h"
 #include "runtime/faults.h"
+#include "runtime/lanes.h"
 
 #include <algorithm>
 
@@ -136,6 +137,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("async_ops", &torch_mgpu::async_ops, nogil());
   m.def("set_async_ops", &torch_mgpu::set_async_ops, nogil());
   m.def("device_count", [] { return 1; });
+  m.def("check_device_index", [](int64_t index) {
+    torch_mgpu::capture::check_device_index(static_cast<c10::DeviceIndex>(std::clamp<int64_t>(index, -2, 127)));
+  });
+  m.def("is_in_bad_fork", &torch_mgpu::runtime::in_bad_fork);
   m.def("default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_mgpu::capture::default_generator(index)));

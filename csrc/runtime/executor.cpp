@@ -1,4 +1,5 @@
 #include "runtime/executor.h"
+#include "ir/held_bytes.h"
 #include "stats.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,6 +18,7 @@
 #include <condition_variable>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -231,6 +233,12 @@ struct Run {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   bool parallel = false;
 
+  ~Run() {
+    for (const auto& c : copies) ir::release(c.second.bytes);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
   Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place>& pl, ExecResult& r)
       : g(graph), p(plan), places(pl), res(r) {
     TORCH_INTERNAL_ASSERT(places.size() >= p.lanes.size(), "mgpu: a place is needed for every lane");
@@ -330,6 +338,7 @@ struct Run {
       throw;
     }
     counters().bytes_transferred += static_cast<int64_t>(moved.bytes.nbytes());
+    ir::hold(moved.bytes);
     moved.done = true;
     lock.lock();
     c->second = std::move(moved);
@@ -425,6 +434,7 @@ struct Run {
       counters().execution_errors++;
       fail(i, Status::Failed, error, message);
     } else {
+      for (const auto& o : out) ir::hold(o);
       res.values[i] = std::move(out);
       res.status[i] = Status::Ok;
       release_operands(i);
@@ -441,9 +451,15 @@ struct Run {
       const int d = producer[operand_at[i] + k];
       if (d < 0) continue;
       if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index]) {
+        ir::release(res.values[d][v.index]);
         res.values[d][v.index] = c10::Storage();
         if (!copies.empty())
-          for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) copies.erase(std::make_tuple(d, v.index, dev));
+          for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) {
+            auto c = copies.find(std::make_tuple(d, v.index, dev));
+            if (c == copies.end()) continue;
+            ir::release(c->second.bytes);
+            copies.erase(c);
+          }
       }
     }
   }
@@ -532,6 +548,7 @@ struct Run {
         fail(i, Status::Failed, error, message);
         continue;
       }
+      ir::hold(outputs[k]);
       res.values[i] = {std::move(outputs[k])};
       res.status[i] = Status::Ok;
     }
@@ -618,6 +635,37 @@ struct Run {
 
 } // namespace
 
+ExecResult::ExecResult(ExecResult&& o) noexcept
+    : values(std::exchange(o.values, {})),
+      status(std::move(o.status)),
+      timing(std::move(o.timing)),
+      first_error(std::move(o.first_error)),
+      first_message(std::move(o.first_message)),
+      makespan(o.makespan),
+      started(o.started) {}
+
+ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
+  if (this != &o) {
+    drop_values();
+    values = std::exchange(o.values, {});
+    status = std::move(o.status);
+    timing = std::move(o.timing);
+    first_error = std::move(o.first_error);
+    first_message = std::move(o.first_message);
+    makespan = o.makespan;
+    started = o.started;
+  }
+  return *this;
+}
+
+ExecResult::~ExecResult() { drop_values(); }
+
+void ExecResult::drop_values() {
+  for (auto& vs : values)
+    for (auto& s : vs) ir::release(s);
+  values.clear();
+}
+
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
   ExecResult res;
   const size_t n = g.size();
@@ -627,6 +675,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
   const auto t0 = std::chrono::steady_clock::now();
   try {
     Run run(g, p, places, res);
+    res.started = run.t0;
     std::vector<int> busy;
     for (size_t l = 0; l < p.lane_order.size(); ++l)
       if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <exception>
 #include <vector>
 
@@ -24,13 +25,25 @@ struct NodeTiming {
 
 struct ExecResult {
   // values[i][k]: bytes of output k of node i, while alive (roots and the
-  // values a failed node did not get to consume stay alive).
+  // values a failed node did not get to consume stay alive). Each is held
+  // (ir/held_bytes.h) until freed or until the result dies.
   std::vector<std::vector<c10::Storage>> values;
   std::vector<Status> status;
   std::vector<NodeTiming> timing;
   std::exception_ptr first_error;
   std::string first_message;
   double makespan = 0;
+  std::chrono::steady_clock::time_point started;  // timing[i] counts from here
+
+  ExecResult() = default;
+  ExecResult(ExecResult&& o) noexcept;
+  ExecResult& operator=(ExecResult&& o) noexcept;
+  ExecResult(const ExecResult&) = delete;
+  ExecResult& operator=(const ExecResult&) = delete;
+  ~ExecResult();
+
+ private:
+  void drop_values();
 };
 
 // Runs plan `p` with `places[l]` the place of lane l (see place.h).

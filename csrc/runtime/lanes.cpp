@@ -19,6 +19,7 @@ namespace torch_mgpu::runtime {
 
 namespace {
 std::atomic<bool> g_forked_child{false};
+std::atomic<bool> g_threads_started{false};  // lane or background threads exist (or did, before a fork)
 // fork() copies only the calling thread: in the child, the lane workers and
 // the background worker do not exist.
 const bool g_atfork_registered = [] {
@@ -28,6 +29,8 @@ const bool g_atfork_registered = [] {
 } // namespace
 
 bool in_forked_child() { return g_forked_child.load(); }
+void note_threads_started() { g_threads_started.store(true); }
+bool in_bad_fork() { return g_forked_child.load() && g_threads_started.load(); }
 
 void set_thread_parallelism(int threads) {
   if (omp_set_num_threads) omp_set_num_threads(threads);
@@ -99,6 +102,7 @@ void LanePool::run(const std::vector<std::function<void()>>& jobs, int threads) 
       // A worker joins the pool only once its thread runs (a failed spawn
       // throws here, before any job started, and leaves no idle slot).
       workers_.reserve(workers_.size() + 1);
+      note_threads_started();
       auto w = std::make_unique<Worker>();
       Worker& worker = *w;
       worker.thread = std::thread([this, &worker] { loop(worker); });

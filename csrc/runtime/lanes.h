@@ -65,6 +65,10 @@ inline void spin_pause(uint32_t& step) {
 // loaded: its worker threads did not survive the fork, so plans run on the
 // calling thread alone and nothing runs in the background.
 bool in_forked_child();
+// A forked child of a process that had started lane or background threads
+// (torch.mgpu._is_in_bad_fork()): it runs plans on one lane, its own thread.
+bool in_bad_fork();
+void note_threads_started();
 
 // Sets this thread's intra-op parallelism (OpenMP and MKL, thread-local).
 void set_thread_parallelism(int threads);

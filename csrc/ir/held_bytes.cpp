@@ -1,0 +1,85 @@
+#include "ir/held_bytes.h"
+
+#include <mutex>
+#include <unordered_map>
+
+namespace torch_mgpu::ir {
+namespace {
+
+struct Entry {
+  int64_t holders = 0;
+  int64_t nbytes = 0;
+  bool device = false;
+};
+
+struct Registry {
+  std::mutex m;
+  std::unordered_map<const c10::StorageImpl*, Entry> live;
+  HeldBytes stats;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: storages die during static teardown
+  return *r;
+}
+
+} // namespace
+
+void hold(const c10::Storage& s) {
+  const c10::StorageImpl* impl = s.unsafeGetStorageImpl();
+  if (impl == nullptr) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  Entry& e = r.live[impl];
+  if (e.holders++ > 0) return;
+  e.nbytes = static_cast<int64_t>(s.nbytes());
+  e.device = !s.device().is_cpu();
+  HeldBytes& st = r.stats;
+  st.current += e.nbytes;
+  if (e.device) st.device_bytes += e.nbytes;
+  st.allocated += e.nbytes;
+  st.storages++;
+  st.allocations++;
+  if (st.current > st.peak) st.peak = st.current;
+  if (st.storages > st.peak_storages) st.peak_storages = st.storages;
+}
+
+void release(const c10::Storage& s) {
+  const c10::StorageImpl* impl = s.unsafeGetStorageImpl();
+  if (impl == nullptr) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  auto it = r.live.find(impl);
+  if (it == r.live.end() || --it->second.holders > 0) return;
+  HeldBytes& st = r.stats;
+  st.current -= it->second.nbytes;
+  if (it->second.device) st.device_bytes -= it->second.nbytes;
+  st.freed += it->second.nbytes;
+  st.storages--;
+  st.frees++;
+  r.live.erase(it);
+}
+
+HeldBytes held_bytes() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  return r.stats;
+}
+
+void reset_peak_held() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.stats.peak = r.stats.current;
+  r.stats.peak_storages = r.stats.storages;
+}
+
+void reset_accumulated_held() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.stats.allocated = 0;
+  r.stats.freed = 0;
+  r.stats.allocations = 0;
+  r.stats.frees = 0;
+}
+
+} // namespace torch_mgpu::ir
