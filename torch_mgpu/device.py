@@ -167,12 +167,19 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=torch.device("mgpu", index), priority=priority, **kwargs)
 
 
-class Event(torch.Event):
-    """An mgpu event (torch.cuda.Event's counterpart)."""
+class _EventType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device is not None and obj.device.type == "mgpu"
+
+
+class Event(metaclass=_EventType):
+    """An mgpu event (torch.cuda.Event's counterpart). It is a torch.Event on
+    the mgpu device (PyTorch's Event methods take exactly torch.Event as
+    their argument, so it is not a subclass); isinstance(e, torch.mgpu.Event)
+    holds for every mgpu event."""
 
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return super().__new__(cls, device="mgpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        return torch.Event(device="mgpu", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device=None) -> torch.Stream:

@@ -1,0 +1,135 @@
+"""Events on mgpu (torch.mgpu.Event, torch.Event("mgpu")): an event marks
+every op recorded before it; it is complete once they have run, and its time
+is when the last of them ended on its lane, so elapsed_time is measured lane
+time. Querying never runs anything; synchronizing runs what is pending."""
+import time
+
+import pytest
+import torch
+
+import torch_mgpu
+
+
+def chain(x, n):
+    for _ in range(n):
+        x = (x @ x).tanh()
+    return x
+
+
+def test_query_waits_for_the_ops_recorded_before_and_never_runs_them():
+    never = torch.mgpu.Event()
+    assert never.query()  # never recorded: nothing to wait for, as on CUDA
+    torch_mgpu.synchronize()
+    idle = torch.mgpu.Event()
+    idle.record()
+    assert idle.query()  # nothing was pending
+    x = torch.randn(64, 64).to("mgpu")
+    y = chain(x, 3)
+    e = torch.mgpu.Event()
+    e.record()
+    pending = torch_mgpu.pending_ops()
+    assert not e.query()
+    assert torch_mgpu.pending_ops() == pending
+    e.synchronize()
+    assert e.query() and torch_mgpu.pending_ops() == 0
+    assert torch.allclose(y.cpu(), chain(x.cpu(), 3))
+
+
+def test_an_event_is_complete_when_what_came_before_it_ran():
+    x = torch.randn(64, 64).to("mgpu")
+    first = chain(x, 2)
+    e = torch.mgpu.Event()
+    e.record()
+    later = chain(x * 2, 2)  # recorded after the event
+    first.cpu()  # a sync runs everything pending
+    assert e.query()
+    assert later.device.type == "mgpu"
+
+
+def test_elapsed_time_is_measured_lane_time():
+    x = torch.randn(256, 256).to("mgpu")
+    torch_mgpu.synchronize()
+    start, middle, end = (torch.mgpu.Event(enable_timing=True) for _ in range(3))
+    t0 = time.perf_counter()
+    start.record()
+    a = chain(x, 6)
+    middle.record()
+    b = chain(a, 6)  # needs a: runs after it
+    end.record()
+    end.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1000
+    plan = torch_mgpu.last_plan()
+    to_middle, to_end = start.elapsed_time(middle), start.elapsed_time(end)
+    assert 0 < to_middle < to_end <= wall_ms
+    # The products ran inside that span: its length is at least the
+    # measured time of the nodes that ran.
+    busy_ms = sum(e["end"] - e["start"] for e in plan.timeline()) * 1000
+    assert to_end >= 0.9 * busy_ms
+    assert middle.elapsed_time(end) == pytest.approx(to_end - to_middle)
+    assert torch.allclose(b.cpu(), chain(chain(x.cpu(), 6), 6), atol=1e-5)
+
+
+def test_elapsed_time_errors_as_on_cuda():
+    timed, untimed = torch.mgpu.Event(enable_timing=True), torch.mgpu.Event()
+    assert isinstance(timed, torch.mgpu.Event) and isinstance(torch.Event("mgpu"), torch.mgpu.Event)
+    assert not isinstance(torch.Event("cpu"), torch.mgpu.Event)
+    with pytest.raises(ValueError, match="recorded"):
+        timed.elapsed_time(torch.mgpu.Event(enable_timing=True))
+    timed.record()
+    untimed.record()
+    with pytest.raises(ValueError, match="enable_timing"):
+        timed.elapsed_time(untimed)
+    x = torch.randn(32, 32).to("mgpu")
+    y = x @ x
+    late = torch.mgpu.Event(enable_timing=True)
+    late.record()
+    with pytest.raises(RuntimeError, match="complete"):
+        timed.elapsed_time(late)
+    late.synchronize()
+    assert timed.elapsed_time(late) >= 0
+    assert y.device.type == "mgpu"
+
+
+def test_recording_on_another_device_types_stream_raises():
+    with pytest.raises(RuntimeError, match="does not match"):
+        torch.Event("mgpu").record(torch.Stream("cpu"))
+
+
+def test_an_event_synchronize_raises_the_error_of_an_op_before_it():
+    from torch_mgpu import _C
+
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        x = torch.randn(4, 4).to("mgpu")
+        y = torch.tanh(x)
+        e = torch.mgpu.Event()
+        e.record()
+        _C._inject_fault("node", 1)
+        with pytest.raises(RuntimeError, match="injected fault"):
+            e.synchronize()
+        assert e.query()
+        with pytest.raises(RuntimeError, match="value was lost"):
+            y.cpu()
+    finally:
+        _C._inject_fault("node", 0)
+        torch_mgpu.set_async_ops(before)
+
+
+def test_events_recorded_while_background_flights_run():
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(16)
+    try:
+        x = torch.randn(64, 64).to("mgpu")
+        start = torch.mgpu.Event(enable_timing=True)
+        start.record()
+        ys = [(x * float(i)).sin() @ x for i in range(40)]  # several flights
+        end = torch.mgpu.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        assert start.elapsed_time(end) > 0
+        xc = x.cpu()
+        for i, y in enumerate(ys):
+            assert torch.allclose(y.cpu(), (xc * float(i)).sin() @ xc, atol=1e-5)
+    finally:
+        torch_mgpu.set_async_ops(before)
