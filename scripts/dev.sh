@@ -7,6 +7,7 @@
 #   bash scripts/dev.sh opinfo   # the full OpInfo conformance report
 #   bash scripts/dev.sh bench [--quick]
 #   bash scripts/dev.sh cuda-compile   # compile-only check against torch 2.14.1 (CUDA 13)
+#   bash scripts/dev.sh gpu      # on a GPU machine (CUDA torch installed): CUDA build, GPU tests, benchmarks/RESULTS-gpu.md
 #   bash scripts/dev.sh tsan     # the threaded C++ tests under ThreadSanitizer; fails on any report
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -141,6 +142,22 @@ tsan() {
   fi
 }
 
+# Configures and builds the extension with CUDA against the torch of python
+# $1, in build folder $2, the libraries going to $3. Shared by the compile-only
+# check (no GPU here) and the GPU run, so that CI builds what a GPU machine runs.
+cuda_build() {
+  local py=$1 build=$2 out=$3 prefix site nvrtc suffix
+  prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  nvrtc=$(ls "$site"/nvidia/cu*/lib/libnvrtc.so* "$site"/nvidia/cuda_nvrtc/lib/libnvrtc.so* 2>/dev/null | head -1 || true)
+  suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCUDA_TOOLKIT_ROOT_DIR="${CUDA_HOME:-/usr/local/cuda}" ${nvrtc:+-DCUDA_nvrtc_LIBRARY="$nvrtc"} \
+    -DTORCH_MGPU_USE_CUDA=ON -DTORCH_MGPU_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v "$py")" \
+    -DTORCH_MGPU_PY_SUFFIX="$suffix" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$out" >/dev/null
+  cmake --build "$build" -j "$(nproc)"
+}
+
 # Compile-only check against the CUDA 13 build of torch 2.14.1 (from local
 # disk, in its own venv): PyTorch's newest headers (C++20) and its CUDA
 # configuration, so that neither can rot unseen. Nothing runs: no GPU here.
@@ -150,15 +167,32 @@ cuda_compile() {
   if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q "torch==2.14.1" 2>&1 | grep -v "^WARNING: Location" || true
   fi
-  local prefix nvrtc
-  prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-  nvrtc=$(ls "$venv"/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so* 2>/dev/null | head -1)
-  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-    -DCUDA_TOOLKIT_ROOT_DIR="${CUDA_HOME:-/usr/local/cuda}" ${nvrtc:+-DCUDA_nvrtc_LIBRARY="$nvrtc"} \
-    -DTORCH_MGPU_USE_CUDA=ON -DTORCH_MGPU_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$venv/bin/python" \
-    -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/build-cuda/lib" >/dev/null
-  cmake --build build-cuda -j "$(nproc)"
+  cuda_build "$venv/bin/python" build-cuda "$ROOT/build-cuda/lib"
   echo "CUDA compile check: built against torch 2.14.1 (CUDA 13)"
+}
+
+# On a machine with a GPU and a CUDA build of torch already installed (the
+# lent GPU machines: python3 holds torch, nothing can be downloaded): builds
+# the extension with CUDA against that torch, in place, runs the tests over
+# the lanes' physical devices (CUDA stream lanes on every GPU, virtual devices
+# over one GPU, cross-device copies, errors on a stream, random graphs,
+# autograd, the seeds' workloads) and the device-interface tests, then the GPU
+# benchmarks, which write benchmarks/RESULTS-gpu.md. TORCH_MGPU_GPU_PYTHON
+# picks another interpreter.
+gpu() {
+  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0
+  export TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONUNBUFFERED=1
+  "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
+    { echo "gpu: $py's torch sees no CUDA device"; exit 1; }
+  "$py" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}): {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")'
+  nvidia-smi -L 2>/dev/null || true
+  cuda_build "$py" build-gpu "$ROOT/torch_mgpu"
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
+  "$py" -m pytest -q -p no:cacheprovider test/test_physical_devices.py test/test_parallel.py test/test_streams.py \
+    test/test_events.py test/test_memory.py test/test_accelerator.py test/test_faults.py test/test_autograd.py || status=1
+  "$py" benchmarks/gpu.py "$@" || status=1
+  return $status
 }
 
 cmd=${1:-test}
@@ -166,11 +200,13 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; "$PY" examples/demo.py "$@" ;;
-  test) setup; cpp_tests; cpp_package; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick ;;
+  test) setup; cpp_tests; cpp_package; "$PY" -m pytest -q test "$@"; "$PY" benchmarks/run.py --quick
+        "$PY" benchmarks/gpu.py --device cpu --quick --no-compile --out benchmarks/out/RESULTS-gpu-dry-run.md ;;
   cpp-package) setup; cpp_tests; cpp_package ;;
   opinfo) setup; "$PY" test/opinfo_harness.py "$@" ;;
   bench) setup; "$PY" benchmarks/run.py "$@" ;;
   cuda-compile) cuda_compile ;;
+  gpu) gpu "$@" ;;
   tsan) setup; tsan ;;
-  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|tsan}"; exit 2 ;;
+  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|gpu|tsan}"; exit 2 ;;
 esac

@@ -1,0 +1,182 @@
+"""The GPU benchmarks (run by `bash scripts/dev.sh gpu` on a machine with CUDA):
+eager CUDA, torch.compile (inductor) and mgpu with 1, 2 and 4 streams per
+GPU, measured in one round-robin per case, with the planner's predicted
+makespan beside the measured one. Writes benchmarks/RESULTS-gpu.md.
+
+    python benchmarks/gpu.py                # on a CUDA machine
+    python benchmarks/gpu.py --device cpu   # the same run on CPU lanes (a dry run of the script)
+"""
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import torch_mgpu  # noqa: E402
+import bench_branches  # noqa: E402
+import bench_data_parallel  # noqa: E402
+import bench_kernels  # noqa: E402
+from common import Case, gen  # noqa: E402
+
+
+def d2l_case(size, products):
+    """The seed's d2l code: two independent runs of `products` products of
+    size x size matrices, then a synchronize."""
+    def make(device):
+        g = gen(7)
+        return [torch.rand(size, size, generator=g).to(device) for _ in range(2)]
+
+    def fn(x1, x2):
+        r1 = [x1.mm(x1) for _ in range(products)]
+        r2 = [x2.mm(x2) for _ in range(products)]
+        return r1 + r2  # every product is kept, as in the seed
+
+    return Case("d2l", f"2 runs x {products} mm {size}", make, fn, reps=5)
+
+
+def cases(quick, device):
+    big = device == "cuda" and not quick
+    out = [d2l_case(4000 if big else 256, 50 if big else 8)]
+    out += [c for c in bench_branches.cases(quick) if c.name in {"8 branches 256", "4 branches 512", "8 branches 512", "2 branches 1024"}]
+    out += bench_data_parallel.cases(quick)
+    out += [c for c in bench_kernels.cases(quick) if c.name.startswith("GP")]
+    return out
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(variants, reps, warmup=3):
+    """variants: name -> (run, enter); `enter` runs untimed before each run."""
+    for run, enter in variants.values():
+        for _ in range(warmup):
+            enter()
+            run()
+    times = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, (run, enter) in variants.items():
+            enter()
+            t = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for e in x for t in flat(e)]
+    return []
+
+
+def nothing():
+    pass
+
+
+def physical_devices(device):
+    if device == "cuda":
+        return [f"cuda:{k}" for k in range(torch.cuda.device_count())]
+    return ["cpu"]
+
+
+def run_case(case, device, streams, with_compile):
+    phys_in = case.make(device)
+    ref = case.fn(*case.make("cpu"))
+    variants = {"eager": (lambda: (case.fn(*phys_in), sync(device)), nothing)}
+    if with_compile and case.compile_ok:
+        compiled = torch.compile(case.fn)
+        compiled(*phys_in)
+        variants["compile"] = (lambda: (compiled(*phys_in), sync(device)), nothing)
+    mg_in = case.make("mgpu")
+    plans = {}
+    for s in streams:
+        def configure(s=s):
+            torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
+
+        def run_mgpu(s=s):
+            out = case.fn(*mg_in)  # kept: a result nobody holds is never computed
+            torch_mgpu.synchronize()
+            del out
+            p = torch_mgpu.last_plan()
+            plans.setdefault(s, []).append((p.predicted_makespan, p.measured_makespan, p.lanes_used))
+        variants[f"mgpu x{s}"] = (run_mgpu, configure)
+    # Eager and compiled code round-robin; each lane configuration in a block
+    # of its own (configuring lanes between runs would drop their plans).
+    times = measure({k: v for k, v in variants.items() if not k.startswith("mgpu")}, case.reps)
+    for name in [k for k in variants if k.startswith("mgpu")]:
+        run, configure = variants[name]
+        configure()
+        times.update(measure({name: (run, nothing)}, case.reps))
+    # Correctness of what was timed: every mgpu configuration against eager CPU.
+    for s in streams:
+        torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
+        for got, want in zip(flat(case.fn(*mg_in)), flat(ref)):
+            scale = max(1.0, float(want.abs().max()))
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-3, atol=2e-3 * scale)
+    pred = {s: statistics.median(p for p, _, _ in plans[s]) for s in streams}
+    meas = {s: statistics.median(m for _, m, _ in plans[s]) for s in streams}
+    lanes = {s: max(l for _, _, l in plans[s]) for s in streams}
+    return times, pred, meas, lanes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "RESULTS-gpu.md"))
+    a = ap.parse_args()
+    device = a.device
+    streams = [1, 2, 4] if device == "cuda" else [1, 2]
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    t_start = time.time()
+    rows = []
+    for case in cases(a.quick, device):
+        times, pred, meas, lanes = run_case(case, device, streams, not a.no_compile)
+        rows.append((case, times, pred, meas, lanes))
+        line = "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
+        print(f"{case.workload:>14} | {case.name:<28} {line}", flush=True)
+    n_dev = len({n.split("/")[0] for n in before[0]})
+    torch_mgpu.configure(devices=["cpu"] * n_dev, lanes_per_device=len(before[0]) // n_dev, policy=before[1])
+    if device == "cuda":
+        name = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    else:
+        name = f"CPU lanes ({os.cpu_count()} cores), a dry run"
+    head = [
+        "# GPU benchmark results",
+        "",
+        f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}",
+        f"- device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}); {platform.machine()}",
+        f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t_start:.0f} s",
+        "",
+        "Times in ms, medians after warm-up; eager and torch.compile timed round-robin, each mgpu configuration in a",
+        "block of its own right after them. `mgpu xS`: mgpu with S",
+        "streams (lanes) per device, inputs already on the device after the first run (a value's device copy is",
+        "kept), results left on the device. `pred/meas`: the planner's predicted makespan over the measured one.",
+        "",
+    ]
+    cols = ["eager"] + (["compile"] if not a.no_compile else []) + [f"mgpu x{s}" for s in streams]
+    table = ["| workload | case | " + " | ".join(cols) + " | " + " | ".join(f"x{s} speed-up, lanes used, pred/meas" for s in streams) + " |",
+             "|" + "---|" * (2 + len(cols) + len(streams))]
+    for case, times, pred, meas, lanes in rows:
+        cells = [f"{times[c] * 1e3:.3f}" if c in times else "-" for c in cols]
+        extra = [f"{times['eager'] / times[f'mgpu x{s}']:.2f}x, {lanes[s]}, {pred[s] / meas[s]:.2f}" for s in streams]
+        table.append(f"| {case.workload} | {case.name} | " + " | ".join(cells + extra) + " |")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write("\n".join(head + table) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
