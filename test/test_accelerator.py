@@ -83,7 +83,7 @@ def test_an_out_of_range_device_raises_what_cuda_raises(call):
 def test_device_name_and_properties():
     props = torch.mgpu.get_device_properties()
     assert props.multi_processor_count == len(torch_mgpu.lanes())
-    assert props.devices == ["cpu:0"]
+    assert props.devices == sorted({lane.split("/")[0] for lane in torch_mgpu.lanes()})
     assert props.total_memory == torch.mgpu.mem_get_info()[1] > 0
     assert torch.mgpu.get_device_name() == props.name == torch.mgpu.get_device_name("mgpu:0")
     assert f"{len(torch_mgpu.lanes())} lanes" in props.name
@@ -115,23 +115,31 @@ def _child_reports(after_fork):
     return os.waitstatus_to_exitcode(status)
 
 
-def test_is_in_bad_fork_in_a_child_that_inherited_lanes():
+def test_a_forked_child_uses_mgpu_on_one_lane_and_torch_manual_seed_seeds_it():
     assert not torch.mgpu._is_in_bad_fork()
     x = torch.randn(64, 64)
     # Two independent products: a plan over both lanes starts their threads.
     a, b = x.to("mgpu") @ x.to("mgpu"), (x.to("mgpu") * 2) @ x.to("mgpu")
     torch_mgpu.synchronize()
+    torch.manual_seed(1234)
+    parent_draw = torch.randn(16, device="mgpu").cpu()
+    torch.manual_seed(99)  # the child inherits this state
 
     def child():
-        if not torch.mgpu._is_in_bad_fork():
+        if not torch.mgpu._in_forked_child_with_lanes():
             return 1
-        # PyTorch's OpenMP pool does not survive a fork either (eager ops
-        # hang on it): a forked child works with one intra-op thread, as
-        # DataLoader workers do. mgpu works there, on one lane.
+        if torch.mgpu._is_in_bad_fork():  # mgpu works here: torch.manual_seed must seed it
+            return 2
+        # PyTorch's OpenMP pool does not survive a fork (eager ops hang on
+        # it): a forked child works with one intra-op thread, as DataLoader
+        # workers do. mgpu works there, on one lane.
         torch.set_num_threads(1)
+        torch.manual_seed(1234)
+        if not torch.equal(torch.randn(16, device="mgpu").cpu(), parent_draw):
+            return 3
         y = (x.to("mgpu") @ x.to("mgpu")).tanh().cpu()
-        return 0 if torch.allclose(y, (x @ x).tanh()) else 2
+        return 0 if torch.allclose(y, (x @ x).tanh()) else 4
 
     assert _child_reports(child) == 0
-    assert not torch.mgpu._is_in_bad_fork()
+    assert not torch.mgpu._in_forked_child_with_lanes()
     assert torch.allclose(a.cpu(), x @ x) and torch.allclose(b.cpu(), (x * 2) @ x)

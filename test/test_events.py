@@ -16,7 +16,7 @@ def chain(x, n):
     return x
 
 
-def test_query_waits_for_the_ops_recorded_before_and_never_runs_them():
+def test_query_reports_the_ops_recorded_before_and_polling_ends():
     never = torch.mgpu.Event()
     assert never.query()  # never recorded: nothing to wait for, as on CUDA
     torch_mgpu.synchronize()
@@ -27,12 +27,54 @@ def test_query_waits_for_the_ops_recorded_before_and_never_runs_them():
     y = chain(x, 3)
     e = torch.mgpu.Event()
     e.record()
-    pending = torch_mgpu.pending_ops()
-    assert not e.query()
-    assert torch_mgpu.pending_ops() == pending
-    e.synchronize()
-    assert e.query() and torch_mgpu.pending_ops() == 0
+    # As on a GPU, the work goes on while the host polls: query starts it in
+    # the background and a polling loop ends.
+    deadline = time.monotonic() + 60
+    polls = 0
+    while not e.query():
+        polls += 1
+        assert time.monotonic() < deadline, "an event's query never became true"
+    assert torch_mgpu.pending_ops() == 0
     assert torch.allclose(y.cpu(), chain(x.cpu(), 3))
+
+
+def test_query_and_stream_query_with_background_execution_off_run_the_work():
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        x = torch.randn(32, 32).to("mgpu")
+        y = x @ x
+        e = torch.mgpu.Event()
+        e.record()
+        assert e.query() and torch_mgpu.pending_ops() == 0
+        z = y.relu()
+        assert torch.mgpu.current_stream().query() and torch_mgpu.pending_ops() == 0
+        assert torch.equal(z.cpu(), (x.cpu() @ x.cpu()).relu())
+    finally:
+        torch_mgpu.set_async_ops(before)
+
+
+def test_synchronize_of_a_complete_event_runs_nothing_recorded_after_it():
+    x = torch.randn(16, 16).to("mgpu")
+    torch_mgpu.synchronize()
+    e = torch.mgpu.Event()
+    e.record()
+    later = x @ x
+    pending = torch_mgpu.pending_ops()
+    e.synchronize()
+    assert torch_mgpu.pending_ops() == pending > 0
+    assert torch.equal(later.cpu(), x.cpu() @ x.cpu())
+
+
+def test_polling_a_stream_ends():
+    x = torch.randn(64, 64).to("mgpu")
+    y = chain(x, 2)
+    s = torch.mgpu.current_stream()
+    deadline = time.monotonic() + 60
+    while not s.query():
+        assert time.monotonic() < deadline, "a stream's query never became true"
+    assert torch_mgpu.pending_ops() == 0
+    assert torch.allclose(y.cpu(), chain(x.cpu(), 2))
 
 
 def test_an_event_is_complete_when_what_came_before_it_ran():

@@ -61,11 +61,17 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    """True in a child forked from a process whose lanes had started: the
-    child's lane threads did not survive the fork, so its plans run on one
-    lane (the calling thread). torch.manual_seed leaves mgpu's generator alone
-    there, as it does CUDA's."""
-    return _C.is_in_bad_fork()
+    """False: unlike CUDA, mgpu works in a forked child. The child's lane
+    threads did not survive the fork, so its plans run on one lane (the
+    calling thread); torch.manual_seed seeds mgpu there, as everywhere (it
+    skips a device whose module reports a bad fork)."""
+    return False
+
+
+def _in_forked_child_with_lanes() -> bool:
+    """Whether this is a forked child of a process that had started lane or
+    background threads (it plans on one lane)."""
+    return _C.in_forked_child_with_lanes()
 
 
 # Device description

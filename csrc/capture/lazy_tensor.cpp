@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_set>
 
 namespace torch_mgpu::capture {
@@ -78,9 +79,14 @@ struct LazyAllocator final : c10::DeviceAllocator {
     set(out.requested_bytes, h.current, h.peak, h.allocated, h.freed);
     set(out.allocation, h.storages, h.peak_storages, h.allocations, h.frees);
     set(out.active, h.storages, h.peak_storages, h.allocations, h.frees);
-    // Reserved: what is held plus the freed blocks kept for reuse (their
-    // own peak is not tracked: the peak is the held peak, or more now).
-    set(out.reserved_bytes, h.current + cached, std::max(h.peak, h.current + cached), h.allocated, h.freed);
+    // Reserved: what is held plus the freed blocks kept for reuse. Its peak
+    // is the most seen at any reading or held at once since the last reset.
+    const int64_t reserved = h.current + cached;
+    const int64_t seen = std::max(h.peak, reserved);
+    int64_t peak = peak_reserved_.load();
+    while (seen > peak && !peak_reserved_.compare_exchange_weak(peak, seen)) {
+    }
+    set(out.reserved_bytes, reserved, peak_reserved_.load(), h.allocated, h.freed);
     return out;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
@@ -90,6 +96,7 @@ struct LazyAllocator final : c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override {
     check_device_index(device);
     ir::reset_peak_held();
+    peak_reserved_.store(ir::held_bytes().current + runtime::host_cache_stats().cached_bytes);
   }
   // CPU lanes keep mgpu values in host memory: its free and total bytes.
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
@@ -97,6 +104,9 @@ struct LazyAllocator final : c10::DeviceAllocator {
     const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return {static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page, static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
   }
+
+ private:
+  std::atomic<int64_t> peak_reserved_{0};
 };
 } // namespace
 

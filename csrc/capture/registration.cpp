@@ -86,7 +86,7 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     return as_event(start)->elapsed_ms(*as_event(end));
   }
   // A stream is idle when nothing recorded is left to run.
-  bool queryStream(const c10::Stream& stream) const override { return ir::pending_op_count() == 0; }
+  bool queryStream(const c10::Stream& stream) const override { return engine::stream_idle(); }
   // Waiting for the device (torch.accelerator.synchronize(), a stream's or an
   // event's synchronize()) runs what is pending and raises its first error,
   // as torch_mgpu.synchronize() does: on mgpu, work is done when it has run.

@@ -147,6 +147,20 @@ bool flight_running() {
   return true;
 }
 
+bool start_flight() {
+  auto& bg = background();
+  if (flight_running()) return true;
+  if (bg.threshold <= 0 || bg.blocked || runtime::in_forked_child() || at::hasCallbacks()) return false;
+  auto e = std::make_shared<Execution>();
+  e->roots = pending_roots();
+  if (e->roots.empty()) return true;
+  bg.since_flush = 0;
+  bg.flight = e;
+  counters().background_flushes++;
+  Worker::instance().launch(std::move(e));
+  return true;
+}
+
 std::exception_ptr take_background_error() {
   auto& bg = background();
   bg.since_flush = 0;

@@ -9,6 +9,8 @@
 #include "engine/events.h"
 #include "engine/execution.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -28,7 +30,13 @@ struct Registry {
   std::atomic<size_t> size{0};
 };
 Registry& registry() {
-  static auto* r = new Registry();  // leaked: events may die during exit
+  static auto* r = [] {
+    auto* reg = new Registry();  // leaked: events may die during exit
+    // A fork while another thread holds the mutex would leave it locked in
+    // the child.
+    pthread_atfork([] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
+    return reg;
+  }();
   return *r;
 }
 
@@ -74,10 +82,8 @@ void Event::record() {
   ever_recorded_ = true;
 }
 
-bool Event::query() {
-  if (!ever_recorded_) return true;  // as on CUDA: an event never recorded has nothing to wait for
-  capture::StateLock lock;
-  if (complete_) return true;
+bool Event::done() {
+  if (!ever_recorded_ || complete_) return true;  // never recorded: nothing to wait for, as on CUDA
   if (flight_running()) return false;
   if (ir::pending_op_count() == 0 || oldest_pending_op() >= horizon_) {
     complete_ = true;
@@ -86,19 +92,45 @@ bool Event::query() {
   return complete_;
 }
 
+bool Event::query() {
+  capture::StateLock lock;
+  if (done()) return true;
+  // What the event waits for is pending and nothing runs it: start it in
+  // the background, as a GPU would already be running it, so that polling
+  // makes progress. Where it cannot run in the background, run it here.
+  if (!start_flight()) {
+    capture::sync_all();
+    return done();
+  }
+  return false;
+}
+
 void Event::synchronize() {
-  if (!ever_recorded_) return;
+  capture::StateLock lock;
+  if (done()) return;
   capture::sync_all();  // runs what the event waits for (and what came after): raises its errors
-  TORCH_INTERNAL_ASSERT(query(), "mgpu: an event is still pending after a sync");
+  TORCH_INTERNAL_ASSERT(done(), "mgpu: an event is still pending after a sync");
 }
 
 double Event::elapsed_ms(Event& end) {
+  capture::StateLock lock;
   TORCH_CHECK(ever_recorded_ && end.ever_recorded_, "Both events must be recorded before calculating elapsed time.");
   TORCH_CHECK(timing_ && end.timing_, "Both events must be created with argument 'enable_timing=True'.");
-  TORCH_CHECK(query() && end.query(),
+  TORCH_CHECK(done() && end.done(),
               "mgpu error: device not ready: an event's work has not run yet (call synchronize() on it first)");
-  capture::StateLock lock;
   return (end.done_at_ - done_at_) * 1000.0;
+}
+
+bool stream_idle() {
+  if (ir::pending_op_count() == 0) return true;
+  capture::StateLock lock;
+  if (flight_running()) return false;
+  if (ir::pending_op_count() == 0) return true;
+  if (!start_flight()) {
+    capture::sync_all();
+    return ir::pending_op_count() == 0;
+  }
+  return false;
 }
 
 void observe_executed(const ir::Graph& g, const runtime::ExecResult& r) {

@@ -15,7 +15,9 @@ class Event {
 
   // Marks every op recorded so far (on any stream).
   void record();
-  // Whether they have all run. Never waits.
+  // Whether they have all run. Never waits for them: if nothing runs them
+  // yet, starts them in the background (or, where that is not possible,
+  // runs them here), so that polling makes progress.
   bool query();
   // Runs them (with everything else pending) and raises the first error.
   void synchronize();
@@ -25,6 +27,7 @@ class Event {
 
  private:
   friend void observe_executed(const ir::Graph& g, const runtime::ExecResult& r);
+  bool done();  // under the state lock: complete, running nothing
   bool timing_ = false;
   bool ever_recorded_ = false;
   bool complete_ = true;
@@ -32,5 +35,9 @@ class Event {
   double recorded_ = 0;   // steady-clock seconds
   double done_at_ = 0;    // when the last of them ended (at least recorded_)
 };
+
+// Whether nothing recorded is left to run (Stream.query()); starts pending
+// work as Event::query does.
+bool stream_idle();
 
 } // namespace torch_mgpu::engine

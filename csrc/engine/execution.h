@@ -51,6 +51,10 @@ std::vector<ir::Value> pending_roots();
 void finish_flight();
 // Whether a flight is still running; one that has finished is bound first.
 bool flight_running();
+// Starts the pending graph as a background flight (when none runs). False
+// where it cannot run in the background (background execution off, a
+// pending op that must run in the foreground, a forked child, a profiler).
+bool start_flight();
 // After a sync ran everything pending: restarts the flush count and returns
 // the first error of a flight bound since the last sync (once).
 std::exception_ptr take_background_error();

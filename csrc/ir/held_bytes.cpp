@@ -1,5 +1,7 @@
 #include "ir/held_bytes.h"
 
+#include <pthread.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -9,7 +11,6 @@ namespace {
 struct Entry {
   int64_t holders = 0;
   int64_t nbytes = 0;
-  bool device = false;
 };
 
 struct Registry {
@@ -19,7 +20,13 @@ struct Registry {
 };
 
 Registry& registry() {
-  static auto* r = new Registry();  // leaked: storages die during static teardown
+  static auto* r = [] {
+    auto* reg = new Registry();  // leaked: storages die during static teardown
+    // Lanes hold and release while a flight runs: a fork then must not
+    // leave the mutex locked in the child.
+    pthread_atfork([] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
+    return reg;
+  }();
   return *r;
 }
 
@@ -33,10 +40,8 @@ void hold(const c10::Storage& s) {
   Entry& e = r.live[impl];
   if (e.holders++ > 0) return;
   e.nbytes = static_cast<int64_t>(s.nbytes());
-  e.device = !s.device().is_cpu();
   HeldBytes& st = r.stats;
   st.current += e.nbytes;
-  if (e.device) st.device_bytes += e.nbytes;
   st.allocated += e.nbytes;
   st.storages++;
   st.allocations++;
@@ -53,7 +58,6 @@ void release(const c10::Storage& s) {
   if (it == r.live.end() || --it->second.holders > 0) return;
   HeldBytes& st = r.stats;
   st.current -= it->second.nbytes;
-  if (it->second.device) st.device_bytes -= it->second.nbytes;
   st.freed += it->second.nbytes;
   st.storages--;
   st.frees++;

@@ -25,7 +25,6 @@ struct HeldBytes {
   int64_t peak_storages = 0;
   int64_t allocations = 0;  // storages that started being held, cumulative
   int64_t frees = 0;
-  int64_t device_bytes = 0;  // of `current`, on a device other than the host
 };
 HeldBytes held_bytes();
 void reset_peak_held();

@@ -140,7 +140,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("check_device_index", [](int64_t index) {
     torch_mgpu::capture::check_device_index(static_cast<c10::DeviceIndex>(std::clamp<int64_t>(index, -2, 127)));
   });
-  m.def("is_in_bad_fork", &torch_mgpu::runtime::in_bad_fork);
+  m.def("in_forked_child_with_lanes", &torch_mgpu::runtime::in_bad_fork);
   m.def("default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_mgpu::capture::default_generator(index)));
