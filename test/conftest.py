@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -34,3 +36,46 @@ def assert_same(mgpu_tensor, cpu_tensor, exact=True):
         assert torch.equal(got, cpu_tensor), (got, cpu_tensor)
     else:
         torch.testing.assert_close(got, cpu_tensor)
+
+
+def random_dag_program(rng, n_inputs, n_ops):
+    """A random DAG of ops over a pool of values; returns a function of the inputs."""
+    ops = []
+    for _ in range(n_ops):
+        kind = rng.choice(["add", "mul", "tanh", "mm", "sub_", "sum_keep", "view_t"])
+        ops.append((kind, rng.randrange(10 ** 6), rng.randrange(10 ** 6)))
+
+    def run(inputs):
+        pool = list(inputs)
+        for kind, a, b in ops:
+            x, y = pool[a % len(pool)], pool[b % len(pool)]
+            if kind == "add":
+                pool.append(x + y)
+            elif kind == "mul":
+                pool.append(x * y * 0.5)
+            elif kind == "tanh":
+                pool.append(torch.tanh(x))
+            elif kind == "mm":
+                pool.append(torch.tanh(x @ y))
+            elif kind == "sub_":
+                z = x.clone()
+                z.sub_(y * 0.25)
+                pool.append(z)
+            elif kind == "sum_keep":
+                pool.append(x.sum(0, keepdim=True).expand_as(x) / x.shape[0])
+            else:
+                pool.append(x.t().contiguous())
+        return pool[len(inputs):]
+
+    return run
+
+
+@contextlib.contextmanager
+def async_ops(n):
+    """Background execution after `n` pending ops (0: off) within the block."""
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(n)
+    try:
+        yield
+    finally:
+        torch_mgpu.set_async_ops(before)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torch_mgpu
+from conftest import async_ops
 
 
 def chain(x, n):
@@ -39,9 +40,7 @@ def test_query_reports_the_ops_recorded_before_and_polling_ends():
 
 
 def test_query_and_stream_query_with_background_execution_off_run_the_work():
-    before = torch_mgpu.async_ops()
-    torch_mgpu.set_async_ops(0)
-    try:
+    with async_ops(0):
         x = torch.randn(32, 32).to("mgpu")
         y = x @ x
         e = torch.mgpu.Event()
@@ -50,8 +49,6 @@ def test_query_and_stream_query_with_background_execution_off_run_the_work():
         z = y.relu()
         assert torch.mgpu.current_stream().query() and torch_mgpu.pending_ops() == 0
         assert torch.equal(z.cpu(), (x.cpu() @ x.cpu()).relu())
-    finally:
-        torch_mgpu.set_async_ops(before)
 
 
 def test_synchronize_of_a_complete_event_runs_nothing_recorded_after_it():
@@ -140,28 +137,24 @@ def test_recording_on_another_device_types_stream_raises():
 def test_an_event_synchronize_raises_the_error_of_an_op_before_it():
     from torch_mgpu import _C
 
-    before = torch_mgpu.async_ops()
-    torch_mgpu.set_async_ops(0)
-    try:
+    with async_ops(0):
         x = torch.randn(4, 4).to("mgpu")
         y = torch.tanh(x)
         e = torch.mgpu.Event()
         e.record()
         _C._inject_fault("node", 1)
-        with pytest.raises(RuntimeError, match="injected fault"):
-            e.synchronize()
+        try:
+            with pytest.raises(RuntimeError, match="injected fault"):
+                e.synchronize()
+        finally:
+            _C._inject_fault("node", 0)
         assert e.query()
         with pytest.raises(RuntimeError, match="value was lost"):
             y.cpu()
-    finally:
-        _C._inject_fault("node", 0)
-        torch_mgpu.set_async_ops(before)
 
 
 def test_events_recorded_while_background_flights_run():
-    before = torch_mgpu.async_ops()
-    torch_mgpu.set_async_ops(16)
-    try:
+    with async_ops(16):
         x = torch.randn(64, 64).to("mgpu")
         start = torch.mgpu.Event(enable_timing=True)
         start.record()
@@ -173,5 +166,3 @@ def test_events_recorded_while_background_flights_run():
         xc = x.cpu()
         for i, y in enumerate(ys):
             assert torch.allclose(y.cpu(), (xc * float(i)).sin() @ xc, atol=1e-5)
-    finally:
-        torch_mgpu.set_async_ops(before)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_mgpu
+from conftest import random_dag_program
 
 
 @pytest.fixture
@@ -210,38 +211,6 @@ def test_prediction_tracks_measurement_on_cpu_lanes(lanes_config):
     ratios.sort()
     # A loose check here (shared CI machines are noisy); benchmarks report the figure.
     assert 0.25 < ratios[len(ratios) // 2] < 4.0
-
-
-def random_dag_program(rng, n_inputs, n_ops):
-    """A random DAG of ops over a pool of values; returns a function of the inputs."""
-    ops = []
-    for _ in range(n_ops):
-        kind = rng.choice(["add", "mul", "tanh", "mm", "sub_", "sum_keep", "view_t"])
-        ops.append((kind, rng.randrange(10 ** 6), rng.randrange(10 ** 6)))
-
-    def run(inputs):
-        pool = list(inputs)
-        for kind, a, b in ops:
-            x, y = pool[a % len(pool)], pool[b % len(pool)]
-            if kind == "add":
-                pool.append(x + y)
-            elif kind == "mul":
-                pool.append(x * y * 0.5)
-            elif kind == "tanh":
-                pool.append(torch.tanh(x))
-            elif kind == "mm":
-                pool.append(torch.tanh(x @ y))
-            elif kind == "sub_":
-                z = x.clone()
-                z.sub_(y * 0.25)
-                pool.append(z)
-            elif kind == "sum_keep":
-                pool.append(x.sum(0, keepdim=True).expand_as(x) / x.shape[0])
-            else:
-                pool.append(x.t().contiguous())
-        return pool[len(inputs):]
-
-    return run
 
 
 def check_random_dag(rng, seed, lanes, n_ops):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import restore_lanes
+from conftest import async_ops, random_dag_program, restore_lanes
 from torch_mgpu import _C
 
 KINDS = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -69,17 +69,17 @@ def test_virtual_devices_over_one_device_copy_values_between_them(kind):
 
 def test_an_error_on_a_lane_leaves_every_tensor_usable(kind):
     torch_mgpu.configure(devices=devices_of(kind), lanes_per_device=2, policy="heft")
-    before = torch_mgpu.async_ops()
-    torch_mgpu.set_async_ops(0)
-    try:
+    with async_ops(0):
         g = torch.Generator().manual_seed(3)
         xs = [torch.randn(32, 32, generator=g) for _ in range(4)]
         ms = [x.to("mgpu") for x in xs]
         outs = [torch.tanh(m @ m) for m in ms]
         _C._inject_fault("node", 3)  # the third node to run fails
-        with pytest.raises(RuntimeError, match="injected fault"):
-            torch_mgpu.synchronize()
-        _C._inject_fault("node", 0)
+        try:
+            with pytest.raises(RuntimeError, match="injected fault"):
+                torch_mgpu.synchronize()
+        finally:
+            _C._inject_fault("node", 0)
         lost = 0
         for out, x in zip(outs, xs):
             try:
@@ -90,34 +90,6 @@ def test_an_error_on_a_lane_leaves_every_tensor_usable(kind):
         assert lost >= 1
         for m, x in zip(ms, xs):  # the inputs are intact and usable
             close(kind, (m * 2).cpu(), x * 2)
-    finally:
-        _C._inject_fault("node", 0)
-        torch_mgpu.set_async_ops(before)
-
-
-def random_program(rng, n_ops):
-    ops = [(rng.choice(["add", "mm", "tanh", "sub_", "t"]), rng.randrange(10 ** 6), rng.randrange(10 ** 6))
-           for _ in range(n_ops)]
-
-    def run(inputs):
-        pool = list(inputs)
-        for op, a, b in ops:
-            x, y = pool[a % len(pool)], pool[b % len(pool)]
-            if op == "add":
-                pool.append(x + y)
-            elif op == "mm":
-                pool.append(torch.tanh(x @ y) * 0.5)
-            elif op == "tanh":
-                pool.append(torch.tanh(x))
-            elif op == "sub_":
-                z = x.clone()
-                z.sub_(y * 0.25)
-                pool.append(z)
-            else:
-                pool.append(x.t().contiguous())
-        return pool[len(inputs):]
-
-    return run
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -125,7 +97,7 @@ def test_random_graphs_equal_eager(kind, seed):
     rng = random.Random(seed)
     torch_mgpu.configure(devices=devices_of(kind, virtual=rng.random() < 0.5), lanes_per_device=rng.choice([1, 2, 4]),
                          policy=rng.choice(["heft", "auto"]))
-    program = random_program(rng, rng.randrange(10, 40))
+    program = random_dag_program(rng, 3, rng.randrange(10, 40))
     g = torch.Generator().manual_seed(seed)
     inputs = [torch.randn(24, 24, generator=g) for _ in range(3)]
     for got, want in zip(program([t.to("mgpu") for t in inputs]), program(inputs)):
