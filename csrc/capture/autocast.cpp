@@ -1,15 +1,23 @@
 // Autocast on mgpu: torch.autocast("mgpu", dtype=torch.bfloat16 or
-// torch.float16) casts the ops CPU autocast casts, by the same policies, so
-// results and their dtypes are CPU autocast's. The casts are recorded like
-// any op. The lists follow PyTorch's AutocastCPU registrations; a test
+// torch.float16) casts the ops CPU autocast casts, by the same policies and
+// with the same casts (ATen's cached_cast), so results and their dtypes are
+// CPU autocast's. The casts are recorded like any op.
+//
+// The lists follow PyTorch's AutocastCPU registrations. They change between
+// PyTorch releases (an op is added, a deprecated one removed), so the kernel
+// is boxed and registered for each listed op that this torch defines; a test
 // compares the two sets of registered ops on the installed torch.
 #include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include <string>
+#include <unordered_map>
 
 namespace torch_mgpu::capture {
 namespace {
 
-using at::Tensor;
+enum class Policy { LowerPrecision, Fp32, Promote };
 
 // Matrix products and convolutions: run in the autocast dtype.
 #define MGPU_AUTOCAST_LOWER_PRECISION(_) \
@@ -147,21 +155,87 @@ using at::Tensor;
   _(cat)                         \
   _(index_copy)
 
+const std::unordered_map<std::string, Policy>& policies() {
+  static const auto* map = [] {
+    auto* m = new std::unordered_map<std::string, Policy>();
+    // "op" or "op, overload" (as the lists spell them) -> "op" / "op.overload"
+    auto add = [m](std::string spelled, Policy policy) {
+      std::string name;
+      for (char c : spelled)
+        if (c != ' ') name += c == ',' ? '.' : c;
+      m->emplace(name, policy);
+    };
+#define MGPU_LOWER(...) add(#__VA_ARGS__, Policy::LowerPrecision);
+#define MGPU_FP32(...) add(#__VA_ARGS__, Policy::Fp32);
+#define MGPU_PROMOTE(...) add(#__VA_ARGS__, Policy::Promote);
+    MGPU_AUTOCAST_LOWER_PRECISION(MGPU_LOWER)
+    MGPU_AUTOCAST_FP32(MGPU_FP32)
+    MGPU_AUTOCAST_PROMOTE(MGPU_PROMOTE)
+#undef MGPU_LOWER
+#undef MGPU_FP32
+#undef MGPU_PROMOTE
+    return m;
+  }();
+  return *map;
+}
+
+std::string name_of(const c10::OperatorName& op) {
+  std::string name = op.name.substr(op.name.find("::") + 2);
+  return op.overload_name.empty() ? name : name + "." + op.overload_name;
+}
+
+// What at::autocast::WrapFunction does for these policies, on the stack:
+// eligible tensors (floating mgpu tensors, not double) are cast with ATen's
+// cached_cast, then the op runs with autocast off.
+void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  constexpr auto device = c10::DeviceType::PrivateUse1;
+  const Policy policy = policies().at(name_of(op.operator_name()));
+  const size_t n = op.schema().arguments().size();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
+  auto tensors_of = [](const c10::IValue& v, auto&& f) {
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) f(e.toTensor());
+    }
+  };
+  at::ScalarType to = policy == Policy::Fp32 ? at::kFloat : at::autocast::get_lower_precision_fp_from_device_type(device);
+  if (policy == Policy::Promote)
+    for (auto it = first; it != stack->end(); ++it)
+      tensors_of(*it, [&](const at::Tensor& t) { to = at::autocast::prioritize(to, t, device); });
+  auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(to, t, device); };
+  for (auto it = first; it != stack->end(); ++it) {
+    if (it->isTensor()) {
+      *it = cast(it->toTensor());
+    } else if (it->isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : it->toTensorList()) out.push_back(cast(t));
+      *it = std::move(out);
+    } else if (it->isList() && it->toList().elementType()->kind() == c10::TypeKind::OptionalType) {  // Tensor?[]
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& e : it->toListRef())
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(cast(e.toTensor())) : std::nullopt);
+      *it = std::move(out);
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
+  op.callBoxed(stack);
+}
+
 // Every other op passes through autocast untouched.
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
-#define MGPU_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
-#define MGPU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
-#define MGPU_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
-  MGPU_AUTOCAST_LOWER_PRECISION(MGPU_LOWER)
-  MGPU_AUTOCAST_FP32(MGPU_FP32)
-  MGPU_AUTOCAST_PROMOTE(MGPU_PROMOTE)
-#undef MGPU_LOWER
-#undef MGPU_FP32
-#undef MGPU_PROMOTE
+  for (const auto& [name, policy] : policies()) {
+    const auto dot = name.find('.');
+    const std::string op = "aten::" + name.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (c10::Dispatcher::singleton().findSchema({op, overload}))  // this torch defines it
+      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&autocast_kernel>());
+  }
 }
 
 } // namespace
