@@ -137,3 +137,28 @@ def test_kernel_method_heads_equal_eager(kind):
 
     for got, want in zip(heads(x.to("mgpu"), y.to("mgpu")), heads(x, y)):
         close(kind, got.cpu(), want)
+
+
+def test_memory_statistics_count_copies_on_other_devices(kind):
+    # A host value read on a GPU is copied there once and the copy kept: it
+    # is memory mgpu holds (device bytes). Intermediates are freed.
+    import gc
+
+    torch_mgpu.configure(devices=devices_of(kind, virtual=True), lanes_per_device=1, policy="heft")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(256, 256, generator=g)
+    xm = x.to("mgpu")
+    gc.collect()
+    torch_mgpu.synchronize()
+    before = torch.accelerator.memory_allocated()
+    # Four independent products of x: both devices read it.
+    outs = [torch.tanh(xm * float(k)) @ xm for k in range(1, 5)]
+    torch_mgpu.synchronize()
+    assert torch_mgpu.last_plan().lanes_used == 2
+    results = 4 * 256 * 256 * 4
+    # Virtual devices over the host share its memory (no copy); on a GPU x
+    # is copied to it once (both virtual devices are cuda:0) and kept.
+    copy = 0 if kind == "cpu" else x.numel() * 4
+    assert torch.accelerator.memory_allocated() - before == results + copy
+    for k, out in enumerate(outs, start=1):
+        close(kind, out.cpu(), torch.tanh(x * float(k)) @ x)
