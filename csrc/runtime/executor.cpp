@@ -228,6 +228,9 @@ struct Run {
   std::map<std::tuple<int, int, int>, Copy> copies;
   // Stream lanes: an event after each node read on another lane.
   std::vector<std::optional<c10::Event>> events;
+  // Stream lanes: a timing event after each node, so that its end time is
+  // when the device finished it, not when the host queued it.
+  std::vector<std::optional<c10::Event>> ends;
   std::mutex m;
   std::condition_variable cv;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -253,6 +256,7 @@ struct Run {
     readers.assign(output_at[n], 0);
     is_root.assign(output_at[n], 0);
     events.resize(n);
+    ends.resize(n);
     for (size_t i = 0; i < n; ++i) {
       const auto& ops = g.nodes[i]->operands;
       for (size_t k = 0; k < ops.size(); ++k) {
@@ -423,6 +427,10 @@ struct Run {
       fault_point(FaultPoint::Node, node.name);
       out = run_node(node, std::move(operands), *reuse, place);
       if (events[i]) events[i]->record(place.stream);
+      if (place.streams) {
+        ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+        ends[i]->record(place.stream);
+      }
     } catch (const std::exception& e) {
       error = std::current_exception();
       message = message_of(e);
@@ -584,6 +592,28 @@ struct Run {
   // Runs lane l's nodes in order: a stream lane with its stream current,
   // done when its stream has finished them. Never throws: every failure is
   // some node's error (or, for the stream's last synchronize, the run's).
+  // After lane l's stream finished: each node's end is the device's time
+  // of its timing event; it started when it was queued or when the node
+  // before it on the stream ended, whichever was later. A backend whose
+  // events carry no time keeps the host's times.
+  void device_times(int l, const c10::Event& start, double start_s) {
+    std::vector<std::pair<int, double>> end_of;
+    try {
+      for (int i : p.lane_order[l])
+        if (ends[i]) end_of.emplace_back(i, start_s + start.elapsedTime(*ends[i]) / 1000.0);
+    } catch (const std::exception&) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(m);
+    double previous = start_s;
+    for (const auto& [i, end] : end_of) {
+      NodeTiming& t = res.timing[i];
+      t.start = std::max(t.start, previous);
+      t.end = std::max(end, t.start);
+      previous = t.end;
+    }
+  }
+
   void run_lane(int l) noexcept {
     try {
       run_lane_nodes(l);
@@ -600,6 +630,14 @@ struct Run {
     std::optional<c10::StreamGuard> guard;
     if (place.streams) guard.emplace(place.stream);
     const auto& order = p.lane_order[l];
+    // Stream lanes: the device's clock for this lane's nodes starts here.
+    std::optional<c10::Event> lane_start;
+    double lane_start_s = 0;
+    if (place.streams && !order.empty()) {
+      lane_start.emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+      lane_start->record(place.stream);
+      lane_start_s = now();
+    }
     const auto& f = p.fusion;
     const bool fuse = !f.group_at.empty() && place.device.is_cpu();
     for (size_t k = 0; k < order.size(); ++k) {
@@ -617,6 +655,7 @@ struct Run {
     try {
       fault_point(FaultPoint::StreamSync);
       place.stream.synchronize();
+      device_times(l, *lane_start, lane_start_s);
     } catch (const std::exception& e) {
       // The device reported an error for work queued on this stream; which
       // kernel failed it cannot say. The run raises it at the sync; values

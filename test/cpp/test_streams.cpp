@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
@@ -56,12 +57,22 @@ struct FakeStreams final : c10::impl::DeviceGuardImplInterface {
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+  // Timing events (enable_timing) order nothing: logged apart, as "timing",
+  // with the host time of their record (the fake's kernels are done when
+  // they return).
+  mutable std::map<intptr_t, double> recorded_at;
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag flag) const override {
     {
       std::lock_guard<std::mutex> lock(m);
       if (!*event) *event = reinterpret_cast<void*>(++next_event);
+      recorded_at[reinterpret_cast<intptr_t>(*event)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     }
-    add({"record", reinterpret_cast<intptr_t>(*event), stream.id()});
+    add({flag == c10::EventFlag::BACKEND_DEFAULT ? "timing" : "record", reinterpret_cast<intptr_t>(*event), stream.id()});
+  }
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex) const override {
+    std::lock_guard<std::mutex> lock(m);
+    return (recorded_at.at(reinterpret_cast<intptr_t>(b)) - recorded_at.at(reinterpret_cast<intptr_t>(a))) * 1000.0;
   }
   void block(void* event, const c10::Stream& stream) const override {
     add({"block", reinterpret_cast<intptr_t>(event), stream.id()});
@@ -183,6 +194,29 @@ TEST(StreamLanes, CrossLaneEdgesCarryEvents) {
   EXPECT_EQ(synced, (std::set<c10::StreamId>{100, 101, 102}));  // each lane waits for its stream
   EXPECT_EQ(used, (std::set<c10::StreamId>{100, 101, 102}));     // operands recorded on their readers' streams
   EXPECT_EQ(FakeStreams::current, 0);  // the calling thread's stream is restored
+}
+
+TEST(StreamLanes, NodeTimesComeFromTheDevicesEvents) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = round_robin(c.graph, topo, 2);
+  WithFakeStreams fake;
+  runtime::ExecResult r = runtime::execute(c.graph, p, stream_places(2));
+  ASSERT_FALSE(r.first_error);
+  // One timing event per node, plus one per lane where its clock starts.
+  int timing = 0;
+  for (const auto& e : fake.fake->log) timing += e.what == "timing";
+  EXPECT_EQ(timing, static_cast<int>(c.graph.size()) + 2);
+  for (int l = 0; l < 2; ++l) {
+    double previous = 0;
+    for (int i : p.lane_order[l]) {
+      const auto& t = r.timing[i];
+      EXPECT_LE(previous, t.start) << "node " << i;  // a stream runs its nodes in order
+      EXPECT_LE(t.start, t.end);
+      EXPECT_LE(t.end, r.makespan + 1e-3);
+      previous = t.end;
+    }
+  }
 }
 
 TEST(StreamLanes, OneLaneNeedsNoEvents) {
