@@ -92,17 +92,21 @@ bool Event::done() {
   return complete_;
 }
 
+namespace {
+// Pending work that nothing runs yet: starts it in the background, as a GPU
+// would already be running it, so that polling makes progress; where it
+// cannot run in the background, runs it here. True when it ran here.
+bool run_pending_here() {
+  if (start_flight()) return false;
+  capture::sync_all();
+  return true;
+}
+} // namespace
+
 bool Event::query() {
   capture::StateLock lock;
   if (done()) return true;
-  // What the event waits for is pending and nothing runs it: start it in
-  // the background, as a GPU would already be running it, so that polling
-  // makes progress. Where it cannot run in the background, run it here.
-  if (!start_flight()) {
-    capture::sync_all();
-    return done();
-  }
-  return false;
+  return run_pending_here() && done();
 }
 
 void Event::synchronize() {
@@ -126,11 +130,7 @@ bool stream_idle() {
   capture::StateLock lock;
   if (flight_running()) return false;
   if (ir::pending_op_count() == 0) return true;
-  if (!start_flight()) {
-    capture::sync_all();
-    return ir::pending_op_count() == 0;
-  }
-  return false;
+  return run_pending_here() && ir::pending_op_count() == 0;
 }
 
 void observe_executed(const ir::Graph& g, const runtime::ExecResult& r) {
