@@ -211,6 +211,50 @@ def test_forked_child_computes_on_the_calling_thread(async_ops):
         torch.testing.assert_close(p.cpu(), torch.tanh(x @ x) + i)
 
 
+_FORK_WHILE_MEASURING = r"""
+import os, sys, threading, time
+import torch, torch_mgpu
+torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="heft")
+x = torch.randn(16, 16)
+xm = x.to("mgpu")
+# The process's first plan measures the cost model (tens of ms): fork while a
+# background flight (or another thread) is doing so.
+if sys.argv[1] == "flight":
+    torch_mgpu.set_async_ops(4)
+    pending = [torch.tanh(xm @ xm) + i for i in range(3)]
+else:
+    threading.Thread(target=torch_mgpu._C._cost_model).start()
+    time.sleep(float(sys.argv[1]))
+pid = os.fork()
+if pid == 0:
+    code = 3
+    try:
+        ys = [torch.tanh(xm @ xm) * i for i in range(5)]
+        ok = all(torch.allclose(y.cpu(), torch.tanh(x @ x) * i) for i, y in enumerate(ys))
+        code = 0 if ok else 2
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.parametrize("when", ["flight", "0", "0.02"])
+def test_fork_while_the_cost_model_is_measured(when):
+    # A fresh interpreter, so the measurement really is the process's first.
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_WHILE_MEASURING, when], start_new_session=True)
+    try:
+        assert proc.wait(timeout=120) == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its hung child
+        proc.wait()
+        pytest.fail("the forked child hung")
+
+
 def test_no_memory_growth_with_flights(async_ops):
     async_ops(8)
     x = torch.randn(256, 256, device="mgpu")

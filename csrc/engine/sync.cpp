@@ -8,7 +8,11 @@
 #include "runtime/lanes.h"
 #include "stats.h"
 
+#include <pthread.h>
+
 #include <chrono>
+#include <condition_variable>
+#include <new>
 #include <thread>
 
 #include <algorithm>
@@ -275,17 +279,82 @@ std::shared_ptr<const PlanRecord> last_plan() {
   return last_plan_slot();
 }
 
+namespace {
+// A cost model measured once per process. Not a function-local static: fork()
+// while another thread measures (a background flight's first plan, say) would
+// leave the static's guard taken forever in the child. Here a child whose
+// parent was mid-measurement takes the default model: measuring again would
+// run parallel ATen ops, and PyTorch's OpenMP pool does not survive fork().
+class MeasuredOnce {
+public:
+  template <typename Measure>
+  const plan::CostModel& get(Measure&& measure) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return state_ != State::Measuring; });
+    if (state_ == State::Done) return model_;
+    state_ = State::Measuring;
+    lock.unlock();
+    plan::CostModel measured;
+    try {
+      measured = measure();
+    } catch (...) {
+      lock.lock();
+      state_ = State::None;
+      cv_.notify_all();
+      throw;
+    }
+    lock.lock();
+    model_ = measured;
+    state_ = State::Done;
+    cv_.notify_all();
+    return model_;
+  }
+
+  void after_fork_in_child() {
+    new (&m_) std::mutex();  // the parent's may have been held by a thread the child lacks
+    new (&cv_) std::condition_variable();
+    if (state_ == State::Measuring) {
+      model_ = plan::CostModel();
+      state_ = State::Done;
+    }
+  }
+
+private:
+  enum class State { None, Measuring, Done };
+  std::mutex m_;
+  std::condition_variable cv_;
+  State state_ = State::None;
+  plan::CostModel model_;
+};
+
+MeasuredOnce& cpu_model() {
+  static auto* once = new MeasuredOnce();  // leaked: background threads may outlive static teardown
+  return *once;
+}
+MeasuredOnce& device_model() {
+  static auto* once = new MeasuredOnce();
+  return *once;
+}
+const bool g_models_atfork = [] {
+  cpu_model();
+  device_model();
+  pthread_atfork(nullptr, nullptr, [] {
+    cpu_model().after_fork_in_child();
+    device_model().after_fork_in_child();
+  });
+  return true;
+}();
+} // namespace
+
 const plan::CostModel& cost_model() {
   static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
   auto lanes = current_lanes();
   if (lanes->topo.cuda) {
     // Devices of one topology are taken to be alike: the first one is measured.
-    static plan::CostModel device_cm = skip ? plan::CostModel()
-                                            : runtime::calibrate_device(lanes->places.at(0).device);
-    return device_cm;
+    const auto device = lanes->places.at(0).device;
+    return device_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_device(device); });
   }
-  static plan::CostModel cm = skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores());
-  return cm;
+  return cpu_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores()); });
 }
 
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
