@@ -36,6 +36,12 @@ std::vector<TimelineEntry> timeline_of(const PlanRecord& rec);
 
 // Lanes and policy. Empty / non-positive arguments keep the current value.
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy);
+// Starts the stream sanitizer (runtime/sanitizer.h): the lanes are remade,
+// CPU lanes as stream lanes whose every access is checked.
+void start_stream_sanitizer();
+// Runs what is pending, stops the sanitizer and remakes the lanes as host
+// lanes; returns the races it saw.
+std::vector<std::string> stop_stream_sanitizer();
 std::vector<std::string> lane_names();
 std::string policy();
 // The calibrated cost model (measured at first use, then cached).

@@ -6,6 +6,7 @@
 #include "engine/execution.h"
 #include "runtime/calibrate.h"
 #include "runtime/lanes.h"
+#include "runtime/sanitizer.h"
 #include "stats.h"
 
 #include <pthread.h>
@@ -204,8 +205,10 @@ Config& config() {
 }
 
 // Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
-// stream lanes run every node alone.
-bool fused_lanes(const Lanes& l) { return plan::fusion_enabled() && !l.topo.cuda; }
+// stream lanes (CUDA, or CPU under the stream sanitizer) run every node alone.
+bool fused_lanes(const Lanes& l) {
+  return plan::fusion_enabled() && !l.topo.cuda && (l.places.empty() || !l.places[0].streams);
+}
 
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
@@ -376,6 +379,25 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   std::lock_guard<std::mutex> config_lock(c.m);
   c.lanes = std::move(next);
   c.plans.clear();
+}
+
+void start_stream_sanitizer() {
+  capture::StateLock lock;
+  runtime::start_stream_sanitizer();
+  try {
+    configure({}, 0, "");
+  } catch (...) {
+    runtime::stop_stream_sanitizer();
+    throw;
+  }
+}
+
+std::vector<std::string> stop_stream_sanitizer() {
+  capture::StateLock lock;  // held throughout: nothing runs between the stop and the new lanes
+  capture::sync_all();
+  auto races = runtime::stop_stream_sanitizer();
+  configure({}, 0, "");
+  return races;
 }
 
 std::vector<std::string> lane_names() {

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "ir/partition.h"
 #include "runtime/faults.h"
+#include "runtime/sanitizer.h"
 #include "runtime/lanes.h"
 
 #include <algorithm>
@@ -221,6 +222,10 @@ PYBIND11_MODULE(_C, m) {
   }, nogil());
   m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1);
   m.def("_faults_fired", &torch_mgpu::runtime::faults_fired);
+  m.def("_stream_sanitizer_start", &torch_mgpu::engine::start_stream_sanitizer, nogil());
+  m.def("_stream_sanitizer_stop", &torch_mgpu::engine::stop_stream_sanitizer, nogil());
+  m.def("_stream_sanitizer_races", &torch_mgpu::runtime::take_stream_sanitizer_races);
+  m.def("_stream_sanitizer_accesses", &torch_mgpu::runtime::stream_sanitizer_accesses);
   m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
     torch_mgpu::engine::Simulation s;
     {

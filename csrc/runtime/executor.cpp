@@ -10,6 +10,7 @@
 #include <ATen/record_function.h>
 
 #include "runtime/faults.h"
+#include "runtime/sanitizer.h"
 #include "runtime/host_cache.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
@@ -83,6 +84,11 @@ std::exception_ptr error_with(const std::string& msg) {
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
                                    const std::vector<bool>& reuse, const Place& place) {
+  // Stream lanes under the sanitizer: what the node's work on its stream reads.
+  std::vector<const void*> sanitized_reads;
+  const bool sanitize = place.streams && stream_sanitizer_on();
+  if (sanitize)
+    for (const auto& s : operands) sanitized_reads.push_back(s.data());
   // Each operand a distinct storage; writes go to a private copy unless the
   // plan proved this node the value's only reader.
   for (const auto& o : n.outputs)
@@ -194,6 +200,12 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       out.push_back(r.storage());
     }
   }
+  if (sanitize) {
+    std::vector<const void*> writes;
+    for (const auto& s : out) writes.push_back(s.data());
+    report_stream_access(place.device, "node " + std::to_string(n.id) + " (" + std::string(n.name) + ")",
+                         sanitized_reads, writes);
+  }
   counters().ops_executed++;
   return out;
 }
@@ -294,6 +306,9 @@ struct Run {
     // it) and complete on return: the copy is kept and read on any stream.
     fault_point(FaultPoint::Transfer);
     c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
+    if (place.streams)
+      report_stream_access(place.device, "the copy of data node " + std::to_string(n.id) + " to " + place.device.str(),
+                           {n.data.data()}, {moved.data()}, /*synchronous=*/true);
     counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
     n.add_replica(moved);
     return moved;
@@ -330,6 +345,19 @@ struct Run {
       if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
       fault_point(FaultPoint::Transfer);
       moved.bytes = copy_to(src, place.device);
+      if (places[src_lane].streams) {
+        report_stream_access(places[src_lane].device,
+                             "the copy of node " + std::to_string(g.nodes[d]->id) + "'s value to " + place.device.str(),
+                             {src.data()}, {moved.bytes.data()});
+        // The copy is queued on the producer's stream: this lane's stream
+        // waits for it (ATen's device-to-device copy also orders it with
+        // the destination's current stream; this does not rely on that).
+        if (place.streams) {
+          c10::Event copied(places[src_lane].device.type());
+          copied.record(places[src_lane].stream);
+          copied.block(place.stream);
+        }
+      }
       on_producer.reset();
       if (place.streams) {
         moved.ready = std::make_shared<c10::Event>(place.device.type());
@@ -420,9 +448,10 @@ struct Run {
         for (int d : g.deps[i])
           if (events[d] && p.lane_of[d] != lane) {
             fault_point(FaultPoint::EventWait);
-            events[d]->block(place.stream);
+            if (!fault_drops(FaultPoint::DropEventWait)) events[d]->block(place.stream);
           }
-        for (const auto& s : operands) record_use(s, place.stream);
+        for (const auto& s : operands)
+          if (!fault_drops(FaultPoint::DropRecordUse)) record_use(s, place.stream);
       }
       fault_point(FaultPoint::Node, node.name);
       out = run_node(node, std::move(operands), *reuse, place);
@@ -639,7 +668,7 @@ struct Run {
       lane_start_s = now();
     }
     const auto& f = p.fusion;
-    const bool fuse = !f.group_at.empty() && place.device.is_cpu();
+    const bool fuse = !f.group_at.empty() && !place.streams;  // host kernels over host memory
     for (size_t k = 0; k < order.size(); ++k) {
       const int grp = fuse ? f.group_at[order[k]] : -1;
       const size_t steps = grp < 0 ? 1 : f.groups[grp].steps.size();  // a group's steps are the lane's next nodes
@@ -655,6 +684,7 @@ struct Run {
     try {
       fault_point(FaultPoint::StreamSync);
       place.stream.synchronize();
+      report_lane_done();
       device_times(l, *lane_start, lane_start_s);
     } catch (const std::exception& e) {
       // The device reported an error for work queued on this stream; which
@@ -746,6 +776,13 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     }
   }
   res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stream_sanitizer_on()) {
+    report_run_done();
+    // The values left are the results: the host reads them from here on.
+    for (size_t i = 0; i < n; ++i)
+      for (const auto& v : res.values[i])
+        if (v) report_host_read(v.data(), "a result of node " + std::to_string(g.nodes[i]->id));
+  }
   return res;
 }
 

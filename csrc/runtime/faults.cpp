@@ -10,7 +10,7 @@ namespace torch_mgpu::runtime {
 
 namespace {
 constexpr int kPoints = static_cast<int>(FaultPoint::Count);
-constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_wait", "stream_sync"};
+constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_wait", "stream_sync", "drop_event_wait", "drop_record_use"};
 
 struct Faults {
   std::array<std::atomic<int64_t>, kPoints> countdown{};  // 0: disarmed
@@ -28,7 +28,7 @@ struct Faults {
     for (int k = 0; k < kPoints; ++k)
       if (name == kNames[k]) return k;
     TORCH_CHECK(false, "torch_mgpu: unknown fault point '", name,
-                "' (expected 'node', 'transfer', 'event_wait' or 'stream_sync')");
+                "' (expected 'node', 'transfer', 'event_wait', 'stream_sync', 'drop_event_wait' or 'drop_record_use')");
   }
 };
 
@@ -45,17 +45,27 @@ void inject_fault(const std::string& point, int64_t n) {
 
 int64_t faults_fired(const std::string& point) { return faults().fired[Faults::index(point)].load(); }
 
-void fault_point(FaultPoint point, std::string_view what) {
-  const int k = static_cast<int>(point);
+namespace {
+// Counts an occurrence of `point`: true when it is the armed one.
+bool due(int k) {
   auto& c = faults().countdown[k];
   int64_t left = c.load(std::memory_order_relaxed);
   while (left > 0) {
     if (c.compare_exchange_weak(left, left - 1)) {
-      if (left != 1) return;
+      if (left != 1) return false;
       faults().fired[k]++;
-      TORCH_CHECK(false, "mgpu: injected fault (", kNames[k], what.empty() ? "" : ": ", what, ")");
+      return true;
     }
   }
+  return false;
 }
+} // namespace
+
+void fault_point(FaultPoint point, std::string_view what) {
+  const int k = static_cast<int>(point);
+  if (due(k)) TORCH_CHECK(false, "mgpu: injected fault (", kNames[k], what.empty() ? "" : ": ", what, ")");
+}
+
+bool fault_drops(FaultPoint point) { return due(static_cast<int>(point)); }
 
 } // namespace torch_mgpu::runtime

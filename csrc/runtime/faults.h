@@ -9,13 +9,17 @@
 // copied to another device, or a materialized value replicated there),
 // "event_wait" (a stream lane waiting for another lane's event),
 // "stream_sync" (a stream lane synchronizing its stream at the end of a run).
+// Two more points do not throw but leave out one ordering step, for the
+// stream sanitizer's tests (runtime/sanitizer.h): "drop_event_wait" (a
+// stream lane does not wait for another lane's event) and "drop_record_use"
+// (an operand is not recorded on its reader's stream for the allocator).
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace torch_mgpu::runtime {
 
-enum class FaultPoint : int { Node, Transfer, EventWait, StreamSync, Count };
+enum class FaultPoint : int { Node, Transfer, EventWait, StreamSync, DropEventWait, DropRecordUse, Count };
 
 // Arms `point` to throw at its n-th occurrence from now (n >= 1); n = 0
 // disarms it. Unknown names raise.
@@ -25,5 +29,8 @@ int64_t faults_fired(const std::string& point);
 // Throws c10::Error "mgpu: injected fault (<point>[: <what>])" when armed
 // and due; `what` names the node or value.
 void fault_point(FaultPoint point, std::string_view what = {});
+// True when the (dropping) `point` is armed and due: the caller leaves the
+// step out.
+bool fault_drops(FaultPoint point);
 
 } // namespace torch_mgpu::runtime

@@ -1,6 +1,7 @@
 #include "runtime/place.h"
 
 #include "ir/view.h"
+#include "runtime/sanitizer.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
@@ -31,7 +32,8 @@ std::vector<Place> make_places(const plan::Topology& t) {
   for (const auto& lane : t.lanes) {
     Place p;
     p.device = physical_device(t.devices[lane.device]);
-    if (!p.device.is_cpu()) {
+    // Under the stream sanitizer, CPU lanes are stream lanes too.
+    if (!p.device.is_cpu() || stream_sanitizer_on()) {
       c10::impl::VirtualGuardImpl impl(p.device.type());
       p.stream = impl.getStreamFromGlobalPool(p.device, /*isHighPriority=*/false);
       p.streams = true;

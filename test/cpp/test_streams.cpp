@@ -8,7 +8,9 @@
 #include "plan/plan.h"
 #include "runtime/executor.h"
 #include "runtime/faults.h"
+#include "runtime/sanitizer.h"
 
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 #include <torch_mgpu/mgpu.h>
@@ -289,6 +291,62 @@ TEST(StreamLanes, VirtualDevicesCopyValuesThatCross) {
   ASSERT_FALSE(r.first_error);
   for (size_t k = 0; k < c.outputs.size(); ++k) EXPECT_TRUE(torch::equal(result(r, c, k), c.expected[k]));
   EXPECT_GT(torch_mgpu::stats().at("bytes_transferred"), before);
+}
+
+// The stream-order sanitizer over the executor: a round-robin plan (every
+// edge between neighbours crosses streams) has no race; leaving out one
+// cross-lane wait does, and the report names both nodes.
+struct Sanitized {
+  Sanitized() { runtime::start_stream_sanitizer(); }
+  ~Sanitized() { runtime::stop_stream_sanitizer(); }
+};
+
+TEST(StreamSanitizer, RoundRobinPlansHaveNoRace) {
+  Captured c = branches();
+  for (int lanes : {2, 3}) {
+    auto topo = plan::make_topology({"cpu"}, lanes, at::get_num_threads());
+    plan::Plan p = round_robin(c.graph, topo, lanes);
+    Sanitized on;
+    runtime::ExecResult r = runtime::execute(c.graph, p, stream_places(lanes));
+    ASSERT_FALSE(r.first_error);
+    EXPECT_GE(runtime::stream_sanitizer_accesses(), static_cast<int64_t>(c.graph.size()));
+    auto races = runtime::take_stream_sanitizer_races();
+    EXPECT_TRUE(races.empty()) << races.front();
+  }
+}
+
+TEST(StreamSanitizer, ADroppedWaitIsARaceNamingBothNodes) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.graph, topo, 3);
+  Sanitized on;
+  runtime::inject_fault("drop_event_wait", 1);
+  runtime::ExecResult r = runtime::execute(c.graph, p, stream_places(3));
+  runtime::inject_fault("drop_event_wait", 0);
+  ASSERT_FALSE(r.first_error);
+  auto races = runtime::take_stream_sanitizer_races();
+  ASSERT_FALSE(races.empty());
+  // The first cross-lane edge in the lanes' order: its reader did not wait.
+  EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("read by node"), std::string::npos) << races[0];
+}
+
+TEST(StreamSanitizer, AStreamLeftRunningIsARaceWithTheHostsRead) {
+  // Work on a stream nobody synchronizes, then read by the host.
+  Sanitized on;
+  auto x = torch::randn({8});
+  {
+    c10::StreamGuard guard(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCPU), 7));
+    runtime::report_stream_access(c10::Device(c10::kCPU), "a kernel", {}, {x.data_ptr()});
+  }
+  runtime::report_host_read(x.data_ptr(), "the test");
+  auto races = runtime::take_stream_sanitizer_races();
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_NE(races[0].find("read by the host"), std::string::npos) << races[0];
+  // Once the host synchronizes that stream, the read is ordered.
+  c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCPU), 7).synchronize();
+  runtime::report_host_read(x.data_ptr(), "the test");
+  EXPECT_TRUE(runtime::take_stream_sanitizer_races().empty());
 }
 
 // A failure on a stream lane (a wait for another lane's event, a transfer,

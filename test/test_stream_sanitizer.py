@@ -1,0 +1,215 @@
+"""The stream-order sanitizer (csrc/runtime/sanitizer.h): CPU lanes run as
+stream lanes, every access the executor queues on a stream is checked with
+vector clocks over events, waits and synchronizes, and the allocator's frees
+over recordDataPtrOnStream. What a GPU would need (no two streams touching a
+buffer unordered, no block reused while a stream may use it) is checked here
+on every workload below; dropping one event or one record must be caught."""
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+import torch_mgpu
+from conftest import async_ops, random_dag_program, restore_lanes
+from test_parallel import check_random_dag
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import bench_branches  # noqa: E402
+import bench_data_parallel  # noqa: E402
+import bench_inception  # noqa: E402
+import bench_kernels  # noqa: E402
+import bench_matmul_loop  # noqa: E402
+from common import tree_map  # noqa: E402
+
+C = torch_mgpu._C
+
+
+@pytest.fixture
+def sanitized():
+    """Runs the test under the sanitizer; any race fails it."""
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    C._stream_sanitizer_start()
+    try:
+        yield
+        torch_mgpu.synchronize()
+        checked = C._stream_sanitizer_accesses()
+    finally:
+        races = C._stream_sanitizer_stop()
+        restore_lanes(*before)
+    assert races == [], "\n".join(races[:10])
+    assert checked > 0, "nothing ran on a stream lane"
+
+
+def streams(devices=("cpu", "cpu"), lanes=2, policy="heft"):
+    torch_mgpu.configure(devices=list(devices), lanes_per_device=lanes, policy=policy)
+
+
+def test_lanes_become_stream_lanes_and_back(sanitized):
+    streams(["cpu"], 3)
+    x = torch.randn(32, 32)
+    xm = x.to("mgpu")
+    ys = [torch.tanh(xm @ xm + i) for i in range(6)]
+    for i, y in enumerate(ys):
+        torch.testing.assert_close(y.cpu(), torch.tanh(x @ x + i))
+    assert torch_mgpu.last_plan().lanes_used > 1
+    # Stream lanes run every node alone (no fused host kernels).
+    assert torch_mgpu.stats()["ops_executed"] > 0
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_dags(sanitized, seed):
+    check_random_dag(random.Random(500 + seed), seed, lanes=[1, 2, 3], n_ops=(10, 60))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_dags_with_background_flights(sanitized, seed):
+    with async_ops(random.Random(seed).choice([4, 8, 16])):
+        check_random_dag(random.Random(900 + seed), seed, lanes=[2, 3], n_ops=(30, 80))
+
+
+SEEDS = [c for mod in (bench_matmul_loop, bench_branches, bench_data_parallel, bench_kernels, bench_inception)
+         for c in mod.cases(True)]
+
+
+@pytest.mark.parametrize("case", SEEDS, ids=[c.name for c in SEEDS])
+def test_seed_workloads(sanitized, case):
+    streams(["cpu", "cpu"], 2)
+    expected = case.fn(*case.make("cpu"))
+    got = case.fn(*case.make("mgpu"))
+    flat_e, flat_g = [], []
+    tree_map(flat_e.append, expected)
+    tree_map(flat_g.append, got)
+    assert len(flat_e) == len(flat_g)
+    for e, g in zip(flat_e, flat_g):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_autograd_training_steps(sanitized):
+    streams(["cpu"], 3)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    twin.load_state_dict(model.state_dict())
+    twin = twin.to("mgpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_m = torch.optim.SGD(twin.parameters(), lr=0.1)
+    for step in range(3):
+        xs = [torch.randn(8, 16) for _ in range(4)]
+        loss = sum(model(x).pow(2).mean() for x in xs)
+        loss_m = sum(twin(x.to("mgpu")).pow(2).mean() for x in xs)
+        opt.zero_grad()
+        opt_m.zero_grad()
+        loss.backward()
+        loss_m.backward()
+        opt.step()
+        opt_m.step()
+        torch.testing.assert_close(loss_m.cpu(), loss, rtol=1e-5, atol=1e-6)
+    for p, pm in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(pm.cpu(), p, rtol=1e-5, atol=1e-6)
+
+
+def in_place_and_views(xs):
+    a, b, c = (x.clone() for x in xs)
+    a[2:6].mul_(0.5)
+    b.t_()
+    b.add_(a)
+    v = c.view(4, 64)[1:3]
+    v.sub_(1.0)
+    d = torch.cat([a[:, :8], b[:, 8:]], 1)
+    d.index_add_(0, torch.tensor([0, 3, 5]).to(d.device), a[:3] * 2)
+    e = c.transpose(0, 1).reshape(-1)[::3]
+    c.tanh_()
+    f = (d @ c.t()).relu_()
+    a.copy_(f)
+    return [a, b, c, d, e.clone(), f]
+
+
+def test_in_place_and_view_heavy_graphs(sanitized):
+    streams(["cpu"], 3)
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(16, 16, generator=g) for _ in range(3)]
+    expected = in_place_and_views(xs)
+    got = in_place_and_views([x.to("mgpu") for x in xs])
+    for e, m in zip(expected, got):
+        torch.testing.assert_close(m.cpu(), e)
+
+
+def test_virtual_devices_of_streams(sanitized):
+    # Four virtual devices of two streams each: values cross devices as copies.
+    streams(["cpu"] * 4, 2)
+    for seed in range(3):
+        rng = random.Random(700 + seed)
+        program = random_dag_program(rng, 4, 60)
+        g = torch.Generator().manual_seed(seed)
+        inputs = [torch.randn(16, 16, generator=g) for _ in range(4)]
+        before = torch_mgpu.stats()["bytes_transferred"]
+        expected = program(inputs)
+        got = program([t.to("mgpu") for t in inputs])
+        for e, m in zip(expected, got):
+            torch.testing.assert_close(m.cpu(), e)
+        assert torch_mgpu.stats()["bytes_transferred"] > before
+
+
+def branchy(xs):
+    ys = [torch.tanh(x @ x).sum(0) + i for i, x in enumerate(xs)]
+    return sum(ys)
+
+
+@pytest.mark.parametrize("point", ["drop_event_wait", "drop_record_use"])
+def test_a_dropped_event_or_record_is_reported(point):
+    # The sanitizer can fail: leave out one cross-lane event wait (or one
+    # allocator record) and a race is reported, naming the nodes.
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    C._stream_sanitizer_start()
+    try:
+        streams(["cpu"], 3)
+        xs = [torch.randn(64, 64, generator=torch.Generator().manual_seed(k)) for k in range(6)]
+        expected = branchy(xs)
+        torch.testing.assert_close(branchy([x.to("mgpu") for x in xs]).cpu(), expected)
+        assert C._stream_sanitizer_races() == []
+        # Leave out the k-th one of a run, for each k until one is caught
+        # (not every one matters: a wait or a record on the producer's own
+        # stream, or for a value that outlives the run, orders nothing).
+        caught, runs = [], 0
+        for k in range(1, 80):
+            fired = C._faults_fired(point)
+            C._inject_fault(point, k)
+            try:
+                got = branchy([x.to("mgpu") for x in xs]).cpu()
+            finally:
+                C._inject_fault(point, 0)
+            if C._faults_fired(point) == fired:
+                break  # a run has fewer
+            runs += 1
+            torch.testing.assert_close(got, expected)  # the host kernels are right whatever the order
+            caught += C._stream_sanitizer_races()
+            if caught:
+                break
+        assert runs > 0
+    finally:
+        C._stream_sanitizer_stop()
+        restore_lanes(*before)
+    assert caught, f"no race reported with {point}"
+    for race in caught:
+        assert race.startswith("stream-order race on buffer") and "node " in race, race
+    if point == "drop_record_use":
+        assert any("its free" in race for race in caught), caught
+
+
+def test_off_outside_the_fixture():
+    # Without the sanitizer, CPU lanes are host lanes and nothing is checked.
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="heft")
+    fired = C._faults_fired("drop_event_wait")
+    C._inject_fault("drop_event_wait", 1)
+    try:
+        xs = [torch.randn(8, 8) for _ in range(4)]
+        torch.testing.assert_close(branchy([x.to("mgpu") for x in xs]).cpu(), branchy(xs))
+        assert torch_mgpu.last_plan().lanes_used == 2
+    finally:
+        C._inject_fault("drop_event_wait", 0)
+        restore_lanes(*before)
+    assert C._faults_fired("drop_event_wait") == fired  # host lanes wait for no events
+    assert C._stream_sanitizer_races() == []
