@@ -345,6 +345,8 @@ def main():
         lines += compiled_lines
     sim_rows, planning = bench_simulator.report(a.quick)
     sim_md = bench_simulator.markdown(sim_rows, planning)
+    sim_md += "\n" + bench_simulator.gpu_markdown(
+        bench_simulator.gpu_report([c for mod in MODULES for c in mod.cases(a.quick)]))
     print(sim_md)
     md = "\n".join(lines) + "\n\n" + sim_md
     with open(os.path.join(out_dir, "RESULTS.md" if not a.quick else "results_quick.md"), "w") as f:

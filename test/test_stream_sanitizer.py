@@ -46,16 +46,53 @@ def streams(devices=("cpu", "cpu"), lanes=2, policy="heft"):
     torch_mgpu.configure(devices=list(devices), lanes_per_device=lanes, policy=policy)
 
 
-def test_lanes_become_stream_lanes_and_back(sanitized):
+def fusible_chain(x):
+    return ((x + 1.0) * 2.0 - 3.0) / 4.0
+
+
+def test_lanes_become_stream_lanes_and_back():
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    x = torch.randn(64, 64)
     streams(["cpu"], 3)
-    x = torch.randn(32, 32)
-    xm = x.to("mgpu")
-    ys = [torch.tanh(xm @ xm + i) for i in range(6)]
-    for i, y in enumerate(ys):
-        torch.testing.assert_close(y.cpu(), torch.tanh(x @ x + i))
-    assert torch_mgpu.last_plan().lanes_used > 1
-    # Stream lanes run every node alone (no fused host kernels).
-    assert torch_mgpu.stats()["ops_executed"] > 0
+    torch.testing.assert_close(fusible_chain(x.to("mgpu")).cpu(), fusible_chain(x))
+    assert torch_mgpu.last_plan().fused_nodes > 0  # host lanes fuse
+    C._stream_sanitizer_start()
+    try:
+        xm = x.to("mgpu")
+        ys = [torch.tanh(xm @ xm + i) for i in range(6)]
+        for i, y in enumerate(ys):
+            torch.testing.assert_close(y.cpu(), torch.tanh(x @ x + i))
+        assert torch_mgpu.last_plan().lanes_used > 1
+        checked = C._stream_sanitizer_accesses()
+        assert checked >= 6 * 3
+        # Stream lanes run every node alone: no fused host kernels.
+        torch.testing.assert_close(fusible_chain(x.to("mgpu")).cpu(), fusible_chain(x))
+        assert torch_mgpu.last_plan().fused_nodes == 0
+        assert C._stream_sanitizer_accesses() > checked
+    finally:
+        races = C._stream_sanitizer_stop()
+    try:
+        assert races == []
+        assert torch_mgpu.lanes() == [f"cpu:0/lane{k}" for k in range(3)]
+        # Host lanes again: fused.
+        torch.testing.assert_close(fusible_chain(x.to("mgpu")).cpu(), fusible_chain(x))
+        assert torch_mgpu.last_plan().fused_nodes > 0
+        # A CUDA-style stream on the CPU device is PyTorch's own again.
+        with pytest.raises(RuntimeError):
+            torch.Event(device="cpu").record()
+    finally:
+        restore_lanes(*before)
+
+
+def test_a_second_start_is_refused():
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    C._stream_sanitizer_start()
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            C._stream_sanitizer_start()
+    finally:
+        assert C._stream_sanitizer_stop() == []
+        restore_lanes(*before)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -212,4 +249,3 @@ def test_off_outside_the_fixture():
         C._inject_fault("drop_event_wait", 0)
         restore_lanes(*before)
     assert C._faults_fired("drop_event_wait") == fired  # host lanes wait for no events
-    assert C._stream_sanitizer_races() == []

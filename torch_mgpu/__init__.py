@@ -12,7 +12,7 @@ import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
 from . import device as _device_module
-from ._plan import Plan, Simulation, last_plan, simulate
+from ._plan import Plan, Simulation, device_profiles, last_plan, simulate
 
 if not hasattr(torch, "mgpu"):
     torch.utils.rename_privateuse1_backend("mgpu")
@@ -134,6 +134,7 @@ __all__ = [
     "lanes",
     "policy",
     "simulate",
+    "device_profiles",
     "Simulation",
     "pending_ops",
     "stats",

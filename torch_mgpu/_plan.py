@@ -120,11 +120,23 @@ class Simulation:
                 f"critical_path={self.critical_path * 1e3:.3f} ms, total_work={self.total_work * 1e3:.3f} ms)")
 
 
-def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None) -> Simulation:
+def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None, device: str = None) -> Simulation:
     """Plans the pending graph for `devices` virtual devices with
     `lanes_per_device` lanes each, without running anything.
+
+    `device` names a GPU profile (`torch_mgpu.device_profiles()`: "h100",
+    "a100", ...): the plan is then for `devices` such GPUs with
+    `lanes_per_device` streams each, whatever this machine has. A GPU's
+    streams share it: kernels that each fill the device do not overlap.
 
     Only what is pending is planned: with background execution on (see
     `torch_mgpu.set_async_ops`), a capture longer than `async_ops()` ops has
     partly run already, so turn it off to simulate a whole program."""
-    return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or ""))
+    return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or "", device or ""))
+
+
+def device_profiles() -> dict:
+    """The built-in GPU profiles `simulate(device=...)` plans for: name ->
+    published figures (SMs, sustained FP32 rate, memory bandwidth, launch
+    latency, host and peer link bandwidths, memory)."""
+    return _C._device_profiles()

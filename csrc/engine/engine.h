@@ -51,7 +51,9 @@ struct Simulation {
   double makespan = 0, lower_bound = 0, critical_path = 0, total_work = 0;
   std::shared_ptr<const PlanRecord> plan;
 };
-// Plans the pending graph for K virtual devices with S lanes each, runs nothing.
-Simulation simulate(int devices, int lanes_per_device, const std::string& policy);
+// Plans the pending graph for K virtual devices with S lanes each, runs
+// nothing. `device`: a GPU profile's name (plan/topology.h: "h100", ...)
+// for K such GPUs with S streams each; empty: devices like the current ones.
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device = "");
 
 } // namespace torch_mgpu::engine

@@ -383,20 +383,31 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
 
 void start_stream_sanitizer() {
   capture::StateLock lock;
+  TORCH_CHECK(!current_lanes()->topo.cuda,
+              "torch_mgpu: the stream sanitizer checks CPU lanes run as stream lanes; configure CPU devices first "
+              "(torch_mgpu.configure(devices=['cpu', 'cpu']))");
+  capture::sync_all();  // what is pending runs on the host lanes it was planned for
   runtime::start_stream_sanitizer();
   try {
     configure({}, 0, "");
   } catch (...) {
     runtime::stop_stream_sanitizer();
+    configure({}, 0, "");
     throw;
   }
 }
 
 std::vector<std::string> stop_stream_sanitizer() {
   capture::StateLock lock;  // held throughout: nothing runs between the stop and the new lanes
-  capture::sync_all();
+  std::exception_ptr failed;
+  try {
+    capture::sync_all();
+  } catch (...) {
+    failed = std::current_exception();  // stopped all the same; raised after
+  }
   auto races = runtime::stop_stream_sanitizer();
   configure({}, 0, "");
+  if (failed) std::rethrow_exception(failed);
   return races;
 }
 
@@ -409,15 +420,25 @@ std::vector<std::string> lane_names() {
 
 std::string policy() { return current_lanes()->policy; }
 
-Simulation simulate(int devices, int lanes_per_device, const std::string& policy) {
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device) {
   capture::StateLock lock;
   auto lanes = current_lanes();
   TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
-  auto topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
+  TORCH_CHECK(devices >= 1, "torch_mgpu.simulate: devices must be >= 1, got ", devices);
+  plan::Topology topo;
+  plan::CostModel gpu;
+  if (!device.empty()) {
+    gpu = plan::gpu_cost_model(plan::device_profile(device));
+    std::vector<std::string> names;
+    for (int d = 0; d < devices; ++d) names.push_back("cuda:" + std::to_string(d));
+    topo = plan::make_topology(names, lanes_per_device, host_cores());
+  } else {
+    topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
+  }
   std::vector<ir::Value> roots;
   for (auto* b : collect()) roots.push_back(b->value);
   ir::Graph g = ir::build_graph(roots);
-  const auto& cm = cost_model();
+  const auto& cm = device.empty() ? cost_model() : gpu;
   plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? lanes->policy : policy);
   auto e = plan::estimate(g, topo, cm);
   Simulation s;

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <queue>
 #include <unordered_map>
@@ -23,6 +24,20 @@ Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm, co
     for (int d : g.deps[i]) start = std::max(start, finish[d]);
     finish[i] = start + c;
     e.critical_path = std::max(e.critical_path, finish[i]);
+  }
+  if (cm.sms > 0) {
+    // GPUs: a device's streams share it, so the bound is the devices' time
+    // (each kernel's device-seconds: its time alone times its fill).
+    // Launches are the host's: each lane's thread queues its own.
+    double device_seconds = 0, launches = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double launch = launch_seconds(e.work[i], cm);
+      device_seconds += std::max(0.0, node_seconds(e.work[i], cm, 1) - launch) * device_fill(e.work[i], cm);
+      launches += launch;
+    }
+    e.lower_bound = std::max({e.critical_path, device_seconds / std::max<size_t>(1, t.devices.size()),
+                              launches / std::max<size_t>(1, t.lanes.size())});
+    return e;
   }
   e.lower_bound = std::max(e.critical_path, e.total_work / std::max<size_t>(1, t.lanes.size()));
   return e;
@@ -78,8 +93,92 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, Plan& 
   simulate(g, t, cm, work, p);
 }
 
+namespace {
+// GPU lanes: the streams of a device share it. Each lane runs its nodes in
+// order; a node is launched (launch_seconds: the host's part, not shared)
+// once its lane is free and its inputs have arrived, then its kernel's work
+// (seconds alone on the device) advances at min(1, 1 / the summed fill of
+// the kernels running on that device at the time).
+void simulate_shared(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                     Plan& p) {
+  const size_t n = g.size();
+  const size_t lanes = p.lane_order.size();
+  std::vector<double> bytes_of(n, 0.0), fill(n), launch(n), rest(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto& o : g.nodes[i]->outputs) bytes_of[i] += static_cast<double>(o.nbytes);
+    fill[i] = device_fill(work[i], cm);
+    launch[i] = launch_seconds(work[i], cm);
+    rest[i] = std::max(0.0, node_seconds(work[i], cm, 1) - launch[i]);
+  }
+  enum class Phase { Idle, Launching, Running };
+  std::vector<size_t> head(lanes, 0);
+  std::vector<int> current(lanes, -1);
+  std::vector<Phase> phase(lanes, Phase::Idle);
+  std::vector<double> launched_at(lanes, 0.0);
+  std::vector<double> lane_free(lanes, p.lanes_used > 1 ? cm.launch_s : 0.0);
+  std::vector<bool> done(n, false);
+  std::vector<double> load(t.devices.size(), 0.0);
+  size_t remaining = n;
+  double now = 0, makespan = 0;
+  constexpr double eps = 1e-15;
+  while (remaining) {
+    for (size_t l = 0; l < lanes; ++l) {
+      if (current[l] >= 0 || head[l] >= p.lane_order[l].size()) continue;
+      const int i = p.lane_order[l][head[l]];
+      double start = std::max(now, lane_free[l]);
+      bool ready = true;
+      for (int d : g.deps[i]) {
+        ready &= done[d];
+        if (done[d])
+          start = std::max(start, p.predicted_end[d] + edge_seconds(bytes_of[d], p.lanes[p.lane_of[d]], p.lanes[l], cm));
+      }
+      if (!ready) continue;
+      current[l] = i;
+      phase[l] = Phase::Launching;
+      p.predicted_start[i] = start;
+      launched_at[l] = start + launch[i];
+    }
+    std::fill(load.begin(), load.end(), 0.0);
+    for (size_t l = 0; l < lanes; ++l)
+      if (phase[l] == Phase::Running) load[p.lanes[l].device] += fill[current[l]];
+    auto speed = [&](size_t l) { return std::min(1.0, 1.0 / std::max(load[p.lanes[l].device], eps)); };
+    double next = std::numeric_limits<double>::infinity();
+    for (size_t l = 0; l < lanes; ++l) {
+      if (phase[l] == Phase::Launching) next = std::min(next, launched_at[l]);
+      if (phase[l] == Phase::Running) next = std::min(next, now + rest[current[l]] / speed(l));
+    }
+    TORCH_INTERNAL_ASSERT(next < std::numeric_limits<double>::infinity(),
+                          "torch_mgpu: plan order deadlocks (lane orders contradict dependencies)");
+    for (size_t l = 0; l < lanes; ++l)
+      if (phase[l] == Phase::Running) rest[current[l]] -= (next - now) * speed(l);
+    now = next;
+    for (size_t l = 0; l < lanes; ++l) {
+      if (phase[l] == Phase::Launching && launched_at[l] <= now + eps) phase[l] = Phase::Running;
+      if (phase[l] == Phase::Running && rest[current[l]] <= 1e-12 * (1.0 + now)) {
+        const int i = current[l];
+        p.predicted_end[i] = now;
+        makespan = std::max(makespan, now);
+        done[i] = true;
+        --remaining;
+        lane_free[l] = now;
+        current[l] = -1;
+        phase[l] = Phase::Idle;
+        ++head[l];
+      }
+    }
+  }
+  p.predicted_makespan = makespan;
+}
+} // namespace
+
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work, Plan& p) {
   const size_t n = g.size();
+  if (cm.sms > 0) {
+    p.predicted_start.assign(n, 0.0);
+    p.predicted_end.assign(n, 0.0);
+    simulate_shared(g, t, cm, work, p);
+    return;
+  }
   p.predicted_start.assign(n, 0.0);
   p.predicted_end.assign(n, 0.0);
   std::vector<double> bytes_of(n, 0.0);
@@ -176,7 +275,23 @@ struct Tasks {
   std::vector<double> cost;                     // per task, one thread
   std::vector<std::vector<int>> preds, succs;   // task edges
   std::vector<double> out_bytes;                // bytes a task hands to a successor
+  std::vector<double> fill;                     // per task: the share of a GPU it fills (cost-weighted)
 };
+
+// Each task's fill: its nodes' device_fill, weighted by their cost.
+void set_fill(const Estimate& e, const CostModel& cm, int threads, Tasks& ts) {
+  ts.fill.assign(ts.members.size(), 1.0);
+  if (cm.sms <= 0) return;
+  for (size_t t = 0; t < ts.members.size(); ++t) {
+    double weighted = 0, total = 0;
+    for (int i : ts.members[t]) {
+      const double c = node_seconds(e.work[i], cm, threads);
+      weighted += c * device_fill(e.work[i], cm);
+      total += c;
+    }
+    ts.fill[t] = total > 0 ? weighted / total : 1.0;
+  }
+}
 
 Tasks node_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, int threads) {
   Tasks ts;
@@ -193,6 +308,7 @@ Tasks node_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, int
     ts.cost[i] = node_seconds(e.work[i], cm, threads);
     for (const auto& o : g.nodes[i]->outputs) ts.out_bytes[i] += static_cast<double>(o.nbytes);
   }
+  set_fill(e, cm, threads, ts);
   return ts;
 }
 
@@ -229,6 +345,7 @@ Tasks chain_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, in
         ts.succs[a].push_back(b);
       }
     }
+  set_fill(e, cm, threads, ts);
   return ts;
 }
 
@@ -273,6 +390,23 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
   }
   std::vector<double> lane_free(lanes.size(), 0.0), finish(m, 0.0);
   std::vector<int> lane_of_task(m, 0);
+  // GPUs: what each lane runs when (start, end, fill), in time order, so
+  // that a task placed beside kernels on the same device's other streams
+  // is slowed by the share of the device they take.
+  struct Slot {
+    double start, end, fill;
+  };
+  std::vector<std::vector<Slot>> slots(cm.sms > 0 ? lanes.size() : 0);
+  auto device_load = [&](size_t lane, double at) {
+    double load = 0;
+    for (size_t o = 0; o < slots.size(); ++o) {
+      if (o == lane || lanes[o].device != lanes[lane].device) continue;
+      const auto& v = slots[o];
+      auto it = std::upper_bound(v.begin(), v.end(), at, [](double x, const Slot& s) { return x < s.end; });
+      if (it != v.end() && it->start <= at) load += it->fill;
+    }
+    return load;
+  };
   for (int a : order) {
     int best_lane = 0;
     double best_end = 0, best_start = 0;
@@ -283,13 +417,14 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
         start = std::max(start, finish[p] + edge_seconds(ts.out_bytes[p], from, lanes[l], cm));
       }
       double end = start + ts.cost[a];
+      if (!slots.empty()) end = start + ts.cost[a] * std::max(1.0, device_load(l, start) + ts.fill[a]);
       if (l == 0 || end < best_end - 1e-12) {
         best_end = end;
         best_start = start;
         best_lane = static_cast<int>(l);
       }
     }
-    (void)best_start;
+    if (!slots.empty()) slots[best_lane].push_back({best_start, best_end, ts.fill[a]});
     lane_of_task[a] = best_lane;
     finish[a] = best_end;
     lane_free[best_lane] = best_end;

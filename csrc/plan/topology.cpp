@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 namespace torch_mgpu::plan {
@@ -132,12 +133,14 @@ Work estimate_work(const ir::Node& n) {
     w.transcendental_elems = p->transcendental;
     w.bytes = p->bytes;
     w.loop_threads = p->threads;
+    w.out_elems = out_numel(n);
     return w;
   }
   for (const auto& a : n.args)
     for (const auto& t : a.tensors)
       if (t) w.bytes += numel(t->geom) * c10::elementSize(t->geom.dtype);
   for (const auto& o : n.outputs) w.bytes += static_cast<double>(o.nbytes);
+  w.out_elems = out_numel(n);
   const std::string_view name = n.name;
   auto mm_flops = [](const ir::TensorGeometry* a, const ir::TensorGeometry* b) {
     if (!a || !b || a->sizes.size() < 2 || b->sizes.size() < 2) return 0.0;
@@ -197,7 +200,24 @@ Work estimate_work(const ir::Node& n) {
   return w;
 }
 
+double device_fill(const Work& w, const CostModel& cm) {
+  if (cm.sms <= 0) return 1.0;
+  const double sms = cm.sms;
+  const double units = w.gemm ? w.out_elems / (128.0 * 128.0) : w.out_elems;
+  const double per_sm = w.gemm ? 1.0 : 16.0 * 512.0;
+  return std::clamp(units / (sms * per_sm), 1.0 / sms, 1.0);
+}
+
+double launch_seconds(const Work& w, const CostModel& cm) { return w.fused ? 0.0 : w.scale * cm.op_overhead_s; }
+
 double node_seconds(const Work& w, const CostModel& cm, int threads) {
+  if (cm.sms > 0) {
+    // A GPU kernel: the device's rates, at the share of it the kernel fills.
+    const double rate = w.gemm ? cm.gemm_flops_per_s : w.transcendental ? cm.transcendental_per_s : cm.elem_per_s;
+    const double compute = w.flops / rate + w.elem / cm.elem_per_s + w.transcendental_elems / cm.transcendental_per_s;
+    const double memory = w.bytes / cm.bytes_per_s;
+    return w.scale * (cm.op_overhead_s + std::max(compute, memory) / device_fill(w, cm));
+  }
   // A fused step works on blocks in cache: a cost per 1024-element block,
   // split over the threads when the pass is (ATen's grain: 32768 elements).
   if (w.fused) {
@@ -220,7 +240,59 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm) {
   if (a.device == b.device && a.index == b.index) return 0.0;
   if (a.device == b.device) return cm.lane_sync_s;
-  return cm.lane_sync_s + cm.transfer_latency_s + bytes / cm.transfer_bytes_per_s;
+  const double rate = cm.peer_bytes_per_s > 0 ? cm.peer_bytes_per_s : cm.transfer_bytes_per_s;
+  return cm.lane_sync_s + cm.transfer_latency_s + bytes / rate;
+}
+
+const std::vector<DeviceProfile>& device_profiles() {
+  // Sustained figures: dense FP32 at ~80% of the datasheet peak, memory at
+  // ~85%, PCIe and NVLink at ~80% of one direction's peak.
+  static const std::vector<DeviceProfile> profiles = {
+      {"v100", "NVIDIA V100 SXM2 16 GB (80 SMs, 15.7 TFLOP/s FP32, 900 GB/s, NVLink 2)", 80, 12.6e12, 765e9, 5e-6,
+       12e9, 120e9, 16e9},
+      {"a100", "NVIDIA A100 SXM4 80 GB (108 SMs, 19.5 TFLOP/s FP32, 2.0 TB/s, NVLink 3)", 108, 15.6e12, 1.73e12, 4e-6,
+       25e9, 240e9, 80e9},
+      {"h100", "NVIDIA H100 SXM5 80 GB (132 SMs, 67 TFLOP/s FP32, 3.35 TB/s, NVLink 4)", 132, 53.5e12, 2.85e12, 4e-6,
+       50e9, 360e9, 80e9},
+      {"h200", "NVIDIA H200 SXM 141 GB (132 SMs, 67 TFLOP/s FP32, 4.8 TB/s, NVLink 4)", 132, 53.5e12, 4.1e12, 4e-6,
+       50e9, 360e9, 141e9},
+      {"l4", "NVIDIA L4 24 GB (58 SMs, 30.3 TFLOP/s FP32, 300 GB/s, PCIe only)", 58, 24.2e12, 255e9, 5e-6, 20e9, 0,
+       24e9},
+  };
+  return profiles;
+}
+
+const DeviceProfile& device_profile(const std::string& name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string known;
+  for (const auto& d : device_profiles()) {
+    if (d.name == lower) return d;
+    known += (known.empty() ? "'" : ", '") + d.name + "'";
+  }
+  TORCH_CHECK(false, "torch_mgpu: unknown device profile '", name, "' (known: ", known, ")");
+}
+
+CostModel gpu_cost_model(const DeviceProfile& d) {
+  CostModel cm;
+  cm.profile = d.name;
+  cm.sms = d.sms;
+  cm.gemm_flops_per_s = d.fp32_flops_per_s;
+  cm.small_gemm_flops_per_s = d.fp32_flops_per_s;  // small products: by their fill, not a rate of their own
+  // Elementwise kernels are bound by memory: 3 float32 accesses per output
+  // (two reads, one write); a transcendental costs a few more instructions.
+  cm.bytes_per_s = d.memory_bytes_per_s;
+  cm.elem_per_s = d.memory_bytes_per_s / 12.0;
+  cm.transcendental_per_s = d.memory_bytes_per_s / 16.0;
+  cm.op_overhead_s = d.launch_s;
+  cm.lane_sync_s = 10e-6;  // an event recorded on one stream, waited for on another
+  cm.launch_s = 20e-6;
+  cm.transfer_bytes_per_s = d.host_bytes_per_s;
+  cm.peer_bytes_per_s = d.peer_bytes_per_s;
+  cm.transfer_latency_s = 10e-6;
+  cm.parallel_min_flops = 0;
+  cm.parallel_efficiency = 0;  // no intra-op threads: the device is the parallelism
+  return cm;
 }
 
 } // namespace torch_mgpu::plan

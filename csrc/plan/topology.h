@@ -45,7 +45,35 @@ struct CostModel {
   double parallel_efficiency = 0.9;    // per extra thread, above that size
   double fused_step_s = 6e-8;          // a step of a fused pointwise pass over one 1024-element block (in cache)
   bool calibrated = false;
+  // A GPU: its streams share the device's SMs (a kernel fills part of the
+  // device, device_fill below; kernels that together ask for more than the
+  // whole device slow down in proportion). 0 for CPU lanes, which are
+  // independent processors.
+  int sms = 0;
+  double peer_bytes_per_s = 0;  // between two GPUs (NVLink); 0: through the host at transfer_bytes_per_s
+  std::string profile;          // the device profile it came from ("h100"); empty if none
 };
+
+// A GPU's published figures: what the model needs to plan for it without
+// one. Rates are the dense FP32 ones (PyTorch's default for float32 matrix
+// products, no TF32) and sustained bandwidths, not marketing peaks.
+struct DeviceProfile {
+  std::string name;                 // "h100"
+  std::string description;
+  int sms = 0;                      // streaming multiprocessors
+  double fp32_flops_per_s = 0;      // dense FP32, sustained by large products
+  double memory_bytes_per_s = 0;    // device memory, sustained
+  double launch_s = 0;              // one kernel, queued back to back
+  double host_bytes_per_s = 0;      // host <-> device (PCIe), one direction
+  double peer_bytes_per_s = 0;      // device <-> device (NVLink), one direction; 0: none
+  double memory_bytes = 0;
+};
+// Built-in profiles ("v100", "a100", "h100", "h200", "l4").
+const std::vector<DeviceProfile>& device_profiles();
+// The profile named `name` (case-insensitive); raises listing the known ones.
+const DeviceProfile& device_profile(const std::string& name);
+// The cost model of a GPU with `d`'s figures.
+CostModel gpu_cost_model(const DeviceProfile& d);
 
 struct Work {
   double flops = 0;   // multiply-adds count 2
@@ -56,6 +84,7 @@ struct Work {
   // Compiled partitions mix kinds of work: besides `flops` (at the GEMM
   // rate when `gemm`), elementwise and transcendental outputs.
   double elem = 0, transcendental_elems = 0;
+  double out_elems = 0;  // elements of its largest output: how much of a GPU it can fill
   // Intra-op threads its elementwise loops were compiled for (0: any).
   int loop_threads = 0;
   // Measured over modelled time of this node in earlier runs of the same
@@ -66,8 +95,16 @@ struct Work {
 
 // A node's work, from its op name and argument geometries.
 Work estimate_work(const ir::Node& n);
-// Seconds for `w` on a lane running `threads` intra-op threads.
+// The share of a GPU (cm.sms > 0) that `w`'s kernel occupies when it runs
+// alone, in (0, 1]: its thread blocks against what the SMs hold at once (a
+// 128x128 output tile per block for products, about one such block per SM;
+// 512 elements per block for other kernels, 16 blocks per SM). 1 on CPU.
+double device_fill(const Work& w, const CostModel& cm);
+// Seconds for `w` on a lane running `threads` intra-op threads (on a GPU:
+// alone on the device, at its fill's share of the device's rates).
 double node_seconds(const Work& w, const CostModel& cm, int threads);
+// The part of node_seconds that is the host's (launching it), not the device's.
+double launch_seconds(const Work& w, const CostModel& cm);
 // Seconds to move `bytes` from lane a to lane b (0 on the same lane).
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm);
 

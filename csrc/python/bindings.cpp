@@ -226,11 +226,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("_stream_sanitizer_stop", &torch_mgpu::engine::stop_stream_sanitizer, nogil());
   m.def("_stream_sanitizer_races", &torch_mgpu::runtime::take_stream_sanitizer_races);
   m.def("_stream_sanitizer_accesses", &torch_mgpu::runtime::stream_sanitizer_accesses);
-  m.def("_simulate", [](int devices, int lanes, const std::string& policy) {
+  m.def("_device_profiles", [] {
+    py::dict out;
+    for (const auto& d : torch_mgpu::plan::device_profiles()) {
+      py::dict p;
+      p["description"] = d.description;
+      p["sms"] = d.sms;
+      p["fp32_flops_per_s"] = d.fp32_flops_per_s;
+      p["memory_bytes_per_s"] = d.memory_bytes_per_s;
+      p["launch_s"] = d.launch_s;
+      p["host_bytes_per_s"] = d.host_bytes_per_s;
+      p["peer_bytes_per_s"] = d.peer_bytes_per_s;
+      p["memory_bytes"] = d.memory_bytes;
+      out[py::str(d.name)] = p;
+    }
+    return out;
+  });
+  m.def("_simulate", [](int devices, int lanes, const std::string& policy, const std::string& device) {
     torch_mgpu::engine::Simulation s;
     {
       py::gil_scoped_release nogil;
-      s = torch_mgpu::engine::simulate(devices, lanes, policy);
+      s = torch_mgpu::engine::simulate(devices, lanes, policy, device);
     }
     py::dict d;
     d["makespan"] = s.makespan;

@@ -7,6 +7,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#ifdef TORCH_MGPU_USE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -120,6 +124,16 @@ plan::CostModel calibrate_device(c10::Device device) {
   // Products below this size run at the small-product rate.
   cm.parallel_min_flops = 2.0 * 512 * 512 * 512;
   cm.parallel_efficiency = 0;  // no intra-op threads: the device is the parallelism
+#ifdef TORCH_MGPU_USE_CUDA
+  // Its streams share its SMs (plan/topology.h, device_fill): the rates
+  // above come from kernels that fill it, and a small product runs at its
+  // fill's share of them, not at a rate of its own.
+  if (device.is_cuda()) {
+    cm.sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+    cm.small_gemm_flops_per_s = cm.gemm_flops_per_s;
+    cm.parallel_min_flops = 0;
+  }
+#endif
   cm.calibrated = true;
   return cm;
 }

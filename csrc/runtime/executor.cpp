@@ -350,8 +350,10 @@ struct Run {
                              "the copy of node " + std::to_string(g.nodes[d]->id) + "'s value to " + place.device.str(),
                              {src.data()}, {moved.bytes.data()});
         // The copy is queued on the producer's stream: this lane's stream
-        // waits for it (ATen's device-to-device copy also orders it with
-        // the destination's current stream; this does not rely on that).
+        // waits for it through an event of ours (ATen's device-to-device
+        // copy also orders it with the destination's current stream, both
+        // ways; the way back, the copy after the destination block's own
+        // stream, is still ATen's).
         if (place.streams) {
           c10::Event copied(places[src_lane].device.type());
           copied.record(places[src_lane].stream);

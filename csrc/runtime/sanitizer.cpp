@@ -4,6 +4,8 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,7 +36,7 @@ struct Access {
 
 struct Buffer {
   std::optional<Access> write;  // the last
-  std::vector<Access> reads;    // since it
+  std::vector<Access> reads;    // since it, the latest per stream
   int home = 0;                 // the stream it was allocated on (slot)
   std::set<int> recorded;       // recordDataPtrOnStream
 };
@@ -116,7 +118,11 @@ struct Sanitizer {
       if (!p) continue;
       Buffer& b = buffers[p];
       if (b.write && !before(*b.write, c)) race(p, *b.write, "write", later_read, why);
-      b.reads.push_back(now);
+      // One read per stream is kept, the latest: an earlier read on that
+      // stream is ordered before anything the latest one is ordered before.
+      auto same = std::find_if(b.reads.begin(), b.reads.end(), [&](const Access& r) { return r.stream == s; });
+      if (same != b.reads.end()) *same = now;
+      else b.reads.push_back(now);
     }
     for (const void* p : writes) {
       if (!p) continue;
@@ -136,6 +142,10 @@ struct Sanitizer {
     // check is made at the free, and a new block starts with no history.
     Buffer b;
     b.home = slot(current);
+    // The caching allocator hands a block to its stream's later work: a use
+    // on another stream must be ordered after where the home stream was.
+    const uint64_t at_home = at(clock[b.home], b.home);
+    if (at_home > 0) b.write = Access{b.home, at_home, "its allocation on " + name(b.home)};
     buffers[p] = std::move(b);
   }
 
@@ -283,7 +293,12 @@ struct TrackingAllocator final : c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(self->m);
       auto it = self->blocks.find(p);
-      if (it == self->blocks.end()) return;
+      if (it == self->blocks.end()) {
+        // Allocated raw before the start (a raw free reaches whichever
+        // allocator is installed now): the inner allocator's.
+        if (auto raw = self->inner->raw_deleter()) raw(p);
+        return;
+      }
       inner_block = std::move(it->second);
       self->blocks.erase(it);
     }
@@ -301,10 +316,14 @@ struct TrackingAllocator final : c10::Allocator {
     const c10::Device device = d.device();
     {
       std::lock_guard<std::mutex> lock(m);
-      blocks.emplace(p, std::move(d));
+      auto [it, fresh] = blocks.try_emplace(p);
+      // An entry already there is stale: its block was freed raw after a
+      // stop, by the inner allocator (which now hands the address out again).
+      if (!fresh) (void)it->second.release_context();
+      it->second = std::move(d);
     }
-    {
-      auto& s = state();
+    auto& s = state();
+    if (s.on.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(s.m);
       s.allocated(p, t_current);
     }
@@ -330,6 +349,25 @@ Installed& installed() {
 
 constexpr uint8_t kAllocatorPriority = 2;  // above the host cache's (host_cache.cpp)
 
+// fork() while another thread holds one of these would leave it held in the
+// child, where the allocator wrapper's frees take it.
+const bool g_atfork_registered = [] {
+  pthread_atfork(
+      [] {
+        state().m.lock();
+        if (TrackingAllocator::self) TrackingAllocator::self->m.lock();
+      },
+      [] {
+        if (TrackingAllocator::self) TrackingAllocator::self->m.unlock();
+        state().m.unlock();
+      },
+      [] {
+        if (TrackingAllocator::self) TrackingAllocator::self->m.unlock();
+        state().m.unlock();
+      });
+  return true;
+}();
+
 } // namespace
 
 bool stream_sanitizer_on() { return state().on.load(std::memory_order_relaxed); }
@@ -337,7 +375,9 @@ bool stream_sanitizer_on() { return state().on.load(std::memory_order_relaxed); 
 void report_stream_access(c10::Device device, std::string_view what, const std::vector<const void*>& reads,
                           const std::vector<const void*>& writes, bool synchronous) {
   auto& s = state();
-  if (!s.on.load(std::memory_order_relaxed)) return;
+  // Only CPU streams are the sanitizer's: a real device's events and waits
+  // go to its own backend, which the sanitizer does not see.
+  if (!s.on.load(std::memory_order_relaxed) || !device.is_cpu()) return;
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
   std::lock_guard<std::mutex> lock(s.m);
   const int slot = s.slot(stream.id());
