@@ -190,7 +190,8 @@ gpu() {
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
   "$py" -m pytest -q -p no:cacheprovider test/test_physical_devices.py test/test_parallel.py test/test_streams.py \
-    test/test_events.py test/test_memory.py test/test_accelerator.py test/test_faults.py test/test_autograd.py || status=1
+    test/test_events.py test/test_memory.py test/test_accelerator.py test/test_faults.py test/test_autograd.py \
+    test/test_stream_sanitizer.py test/test_gpu_model.py || status=1
   "$py" benchmarks/gpu.py "$@" || status=1
   return $status
 }

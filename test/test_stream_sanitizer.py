@@ -30,6 +30,7 @@ C = torch_mgpu._C
 def sanitized():
     """Runs the test under the sanitizer; any race fails it."""
     before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    streams()  # CPU lanes (a machine with a GPU starts on CUDA lanes, which the sanitizer refuses)
     C._stream_sanitizer_start()
     try:
         yield
@@ -86,6 +87,7 @@ def test_lanes_become_stream_lanes_and_back():
 
 def test_a_second_start_is_refused():
     before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    streams()
     C._stream_sanitizer_start()
     try:
         with pytest.raises(RuntimeError, match="already running"):
@@ -199,9 +201,9 @@ def test_a_dropped_event_or_record_is_reported(point):
     # The sanitizer can fail: leave out one cross-lane event wait (or one
     # allocator record) and a race is reported, naming the nodes.
     before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    streams(["cpu"], 3)
     C._stream_sanitizer_start()
     try:
-        streams(["cpu"], 3)
         xs = [torch.randn(64, 64, generator=torch.Generator().manual_seed(k)) for k in range(6)]
         expected = branchy(xs)
         torch.testing.assert_close(branchy([x.to("mgpu") for x in xs]).cpu(), expected)
@@ -249,3 +251,15 @@ def test_off_outside_the_fixture():
         C._inject_fault("drop_event_wait", 0)
         restore_lanes(*before)
     assert C._faults_fired("drop_event_wait") == fired  # host lanes wait for no events
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
+def test_refused_on_cuda_lanes():
+    # A GPU's own events and waits go to its backend, unseen by the sanitizer.
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=2)
+    try:
+        with pytest.raises(RuntimeError, match="checks CPU lanes"):
+            C._stream_sanitizer_start()
+    finally:
+        restore_lanes(*before)
