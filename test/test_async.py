@@ -176,6 +176,22 @@ def test_simulate_plans_what_is_pending(async_ops):
     del ys
 
 
+def _stacks_of(pid):
+    """The native stacks of a hung process, where gdb is at hand (what a
+    failure report needs to say which lock it waits for)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("gdb"):
+        return "(no gdb to show them)"
+    try:
+        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        return "(gdb timed out)"
+    return "\n".join(line for line in out.splitlines() if line.startswith(("#", "Thread")))[:20000]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_forked_child_computes_on_the_calling_thread(async_ops):
     # Lane workers and the background worker do not survive fork(): a child
@@ -203,8 +219,9 @@ def test_forked_child_computes_on_the_calling_thread(async_ops):
         if done:
             break
         if time.time() > deadline:
+            stacks = _stacks_of(pid)
             os.kill(pid, signal.SIGKILL)
-            pytest.fail("the forked child hung")
+            pytest.fail("the forked child hung; its threads:\n" + stacks)
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     for i, p in enumerate(pending):  # the parent is unaffected

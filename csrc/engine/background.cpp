@@ -57,8 +57,11 @@ class Worker {
     runtime::note_threads_started();
     thread_ = std::thread([this] { loop(); });
     thread_.detach();
-    // C++ programs that exit with a flight running wait for it first.
-    std::atexit([] { Worker::instance().wait(); });
+    // C++ programs that exit with a flight running wait for it first (not
+    // a forked child: the worker, and any flight it ran, stayed behind).
+    std::atexit([] {
+      if (!runtime::in_forked_child()) Worker::instance().wait();
+    });
   }
   void loop() {
     uint64_t seen = 0;

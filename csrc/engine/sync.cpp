@@ -158,6 +158,9 @@ bool refine_enabled() {
   return on;
 }
 
+struct Config;
+Config& config();
+
 // Lanes (and their places), the policy and the plan cache.
 // Locking: `m` guards the pointer `lanes` and `plans`; a Lanes never
 // changes once made (configure() swaps in a new one), so an execution reads
@@ -179,6 +182,9 @@ struct Config {
       if (devices.empty()) devices.push_back("cpu");
     }
     lanes = make_lanes(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)), p ? p : "auto");
+    // A fork() while the background worker plans under `m` would leave it
+    // held in the child, whose first sync needs it: fork waits for it.
+    pthread_atfork([] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });
   }
   static int default_lanes(const std::vector<std::string>& devices) {
     if (!devices.empty() && devices[0].rfind("cuda", 0) == 0) return kStreamsPerDevice;
