@@ -8,7 +8,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #ifdef TORCH_MGPU_USE_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>  // the SM count only (ATen/cuda/CUDAContext.h needs cuSPARSE headers)
 #endif
 
 #include <algorithm>
@@ -128,8 +128,12 @@ plan::CostModel calibrate_device(c10::Device device) {
   // Its streams share its SMs (plan/topology.h, device_fill): the rates
   // above come from kernels that fill it, and a small product runs at its
   // fill's share of them, not at a rate of its own.
-  if (device.is_cuda()) {
-    cm.sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+  int sms = 0;
+  if (device.is_cuda() &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.has_index() ? device.index() : 0) ==
+          cudaSuccess &&
+      sms > 0) {
+    cm.sms = sms;
     cm.small_gemm_flops_per_s = cm.gemm_flops_per_s;
     cm.parallel_min_flops = 0;
   }
