@@ -100,12 +100,11 @@ namespace {
 // (seconds alone on the device) advances at min(1, 1 / the summed fill of
 // the kernels running on that device at the time).
 void simulate_shared(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
-                     Plan& p) {
+                     const std::vector<double>& bytes_of, Plan& p) {
   const size_t n = g.size();
   const size_t lanes = p.lane_order.size();
-  std::vector<double> bytes_of(n, 0.0), fill(n), launch(n), rest(n);
+  std::vector<double> fill(n), launch(n), rest(n);
   for (size_t i = 0; i < n; ++i) {
-    for (const auto& o : g.nodes[i]->outputs) bytes_of[i] += static_cast<double>(o.nbytes);
     fill[i] = device_fill(work[i], cm);
     launch[i] = launch_seconds(work[i], cm);
     rest[i] = std::max(0.0, node_seconds(work[i], cm, 1) - launch[i]);
@@ -173,17 +172,15 @@ void simulate_shared(const ir::Graph& g, const Topology& t, const CostModel& cm,
 
 void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work, Plan& p) {
   const size_t n = g.size();
-  if (cm.sms > 0) {
-    p.predicted_start.assign(n, 0.0);
-    p.predicted_end.assign(n, 0.0);
-    simulate_shared(g, t, cm, work, p);
-    return;
-  }
   p.predicted_start.assign(n, 0.0);
   p.predicted_end.assign(n, 0.0);
   std::vector<double> bytes_of(n, 0.0);
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i]->outputs) bytes_of[i] += static_cast<double>(o.nbytes);
+  if (cm.sms > 0) {
+    simulate_shared(g, t, cm, work, bytes_of, p);
+    return;
+  }
   // Lanes advance in their order; a node waits for its inputs. Process nodes
   // in an order consistent with both (a topological order that respects each
   // lane's sequence): repeatedly take the lane head whose deps are done.
