@@ -12,6 +12,7 @@ medians of several repetitions after warm-up, with min..max; memory is the
 growth of peak RSS over the steady state during the timed runs.
 """
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -160,14 +161,20 @@ def run_case(case, quick):
         torch._dynamo.config.recompile_limit = 64
         # torch.compile with inductor, and with the mgpu backend (inductor's
         # kernels in partitions planned over the lanes), on the CPU inputs.
+        # Graphs the mgpu backend compiles from here on are this case's.
+        first_graph = max((g["id"] for g in torch_mgpu.compile_choices()), default=-1)
         for key, backend in (("compile", "inductor"), ("mgpu_compiled", "mgpu")):
             try:
                 fn = torch.compile(case.fn, backend=backend)
+                # Inputs of its own: a module's gradients left by another
+                # variant (eager's strides, inductor's) would fail this one's
+                # guards and switch it between recompiled graphs.
+                args = copy.deepcopy(cpu_in)
                 t = time.perf_counter()
-                fn(*cpu_in)  # compiles here, so that a failure is reported, not hidden
+                fn(*args)  # compiles here, so that a failure is reported, not hidden
                 res[key + "_seconds"] = time.perf_counter() - t
-                compiled_fns[key] = fn
-                variants[key] = (lambda fn=fn: fn(*cpu_in), nothing, nothing)
+                compiled_fns[key] = (fn, args)
+                variants[key] = (lambda fn=fn, args=args: fn(*args), nothing, nothing)
             except Exception as e:  # report, do not hide
                 res[key + "_error"] = f"{type(e).__name__}: {str(e)[:80]}"
     saved_async = torch_mgpu.async_ops()
@@ -219,19 +226,34 @@ def run_case(case, quick):
     # Correctness guard: mgpu equals eager on this case.
     ref = case.fn(*cpu_in)
     if "mgpu_compiled" in compiled_fns:
-        check(ref, compiled_fns["mgpu_compiled"](*cpu_in))
-        # The compiled graph's partitions in the last plan: its prediction
-        # over its measurement (one partition is called directly: no plan).
+        fn, args = compiled_fns["mgpu_compiled"]
+        check(ref, fn(*args))
+        # Each graph's partitions and the way its first calls chose; for
+        # partitions on the lanes, the last plan's prediction over its
+        # measurement (the whole graph, or one partition, runs with no plan).
+        graphs = [g for g in torch_mgpu.compile_choices() if g["id"] > first_graph]
+        res["compiled_graphs"] = graphs
         plan = torch_mgpu.last_plan()
         parts = [e for e in plan.timeline() if e["op"].startswith("partition#")] if plan else []
-        if parts and len(parts) == len(plan):
-            res["compiled_partitions"] = len(parts)
+        if parts and len(parts) == len(plan) and any(g["choice"] == "partitions" for g in graphs):
             res["compiled_plan_ratio"] = plan.predicted_makespan / plan.measured_makespan
-        else:
-            res["compiled_partitions"] = 1
     got = tree_map(lambda t: t.cpu() if t.device.type == "mgpu" else t, case.fn(*mg_in))
     check(ref, got)
     return res
+
+
+def graphs_cell(graphs):
+    """'5: whole (78.1 / 61.0)': partitions, the way kept, both medians in ms."""
+    if not graphs:
+        return "-"
+    out = []
+    for g in graphs:
+        if g["partitions"] < 2:
+            out.append("1")
+            continue
+        times = " / ".join("-" if g[k] is None else f"{g[k] * 1e3:.3g}" for k in ("partitions_s", "whole_s"))
+        out.append(f"{g['partitions']}: {g['choice'] or 'measuring'} ({times})")
+    return "; ".join(out)
 
 
 def check(ref, got):
@@ -303,9 +325,12 @@ def main():
         "",
         "`mgpu compiled`: `torch.compile(fn, backend=\"mgpu\")` on the CPU inputs: inductor's kernels, the graph split",
         "into partitions along its branches, the partitions planned over the lanes (one partition: called directly).",
+        "A split graph is also compiled whole; its first calls time both ways and keep the faster:",
+        "`partitions` shows, per graph (forward; backward), the partition count and for a split graph the way kept",
+        "with the medians measured (partitions on the lanes / the whole graph, ms).",
         "Measured in the same round-robin as the table above. Compile seconds: the first call (the",
-        "inductor cache, shared by both, may be warm from earlier runs).",
-        "`predicted / measured`: the last plan of the compiled call (only partitions in it).",
+        "inductor cache, shared by both, may be warm from earlier runs; a split graph compiles twice).",
+        "`predicted / measured`: the last plan of the compiled call, where it kept its partitions.",
         "A one-partition graph runs inductor's own code through a thin call: where the table shows it faster",
         "than inductor, the gap is the measurement's (timed alone, both run the 1000-op chain in about 45 us).",
         "",
@@ -339,7 +364,7 @@ def main():
         ratio = r.get("compiled_plan_ratio")
         compiled_lines.append(
             f"| {case.workload} | {case.name} | {fmt_ms(r['compile'])} | {fmt_ms(r['mgpu_compiled'])} | "
-            f"{r['compile']['median'] / r['mgpu_compiled']['median']:.2f}x | {r.get('compiled_partitions', '-')} | "
+            f"{r['compile']['median'] / r['mgpu_compiled']['median']:.2f}x | {graphs_cell(r.get('compiled_graphs'))} | "
             f"{f'{ratio:.2f}' if ratio else '-'} | {r['compile_seconds']:.1f} / {r['mgpu_compiled_seconds']:.1f} |")
     if len(compiled_lines) > 11:
         lines += compiled_lines

@@ -4,6 +4,7 @@ Every compiled result is checked against eager CPU on random inputs; the
 partitioner's invariants are checked on random graphs without compiling."""
 import copy
 import random
+import time
 
 import pytest
 import torch
@@ -11,9 +12,17 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_mgpu
 from torch_mgpu import _C, _partition
+from torch_mgpu import compile as mgpu_compile
 from torch_mgpu.compile import partition_info
 
 TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture
+def choice(request, monkeypatch):
+    """How split graphs run on host tensors (compile.CHOICE), for one test."""
+    monkeypatch.setattr(mgpu_compile, "CHOICE", request.param)
+    return request.param
 
 
 def partitions_of(plan):
@@ -124,7 +133,8 @@ def test_partition_op_checks_its_inputs_and_reports_errors_of_its_code():
 
 # -- compiled models against eager -------------------------------------------
 
-def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes():
+@pytest.mark.parametrize("choice", ["partitions"], indirect=True)
+def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes(choice):
     torch.manual_seed(0)
     a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
     f = torch.compile(branches, backend="mgpu")
@@ -201,8 +211,9 @@ class FourTowers(torch.nn.Module):
         return torch.cat([t(x) for t in self.towers], 1)
 
 
-@pytest.mark.parametrize("device", ["cpu", "mgpu"])
-def test_four_tower_conv_block_training_and_batchnorm_buffers(device):
+@pytest.mark.parametrize("device,choice", [("cpu", "partitions"), ("cpu", "whole"), ("mgpu", "measure")],
+                         indirect=["choice"])
+def test_four_tower_conv_block_training_and_batchnorm_buffers(device, choice):
     torch.manual_seed(3)
     ref = FourTowers()
     model = copy.deepcopy(ref).to(device)
@@ -305,7 +316,8 @@ def test_graph_break_and_dynamic_shapes():
         torch.testing.assert_close(g(a, b), torch.relu(a @ b) + a.sum(), **TOL)
 
 
-def test_a_partition_that_reads_no_tensor():
+@pytest.mark.parametrize("choice", ["partitions"], indirect=True)
+def test_a_partition_that_reads_no_tensor(choice):
     torch.manual_seed(8)
 
     def f(a):
@@ -319,3 +331,66 @@ def test_a_partition_that_reads_no_tensor():
     # torch.eye (decomposed: iota, eq) is a partition of its own, with no input.
     parts = partitions_of(torch_mgpu.last_plan())
     assert len(parts) == 2 and any("iota" in partition_info(p["op"]).ops for p in parts), parts
+
+
+# -- the measured choice: partitions on the lanes, or the whole graph --------
+
+def _slowed(monkeypatch, name, seconds):
+    """CompiledGraph.<name> made slower by `seconds`, its calls counted."""
+    calls = []
+    original = getattr(mgpu_compile.CompiledGraph, name)
+
+    def slow(self, *args):
+        calls.append(name)
+        out = original(self, *args)
+        time.sleep(seconds)
+        return out
+    monkeypatch.setattr(mgpu_compile.CompiledGraph, name, slow)
+    return calls
+
+
+@pytest.mark.parametrize("slow,kept", [("_run_engine", "whole"), ("_run_direct", "partitions")])
+def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch, slow, kept):
+    torch.manual_seed(9)
+    torch._dynamo.reset()  # `branches` compiled afresh, under this test's choice
+    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    f = torch.compile(branches, backend="mgpu")
+    before = len(torch_mgpu.compile_choices())
+    calls = _slowed(monkeypatch, slow, 0.05)
+    first = 2 * (mgpu_compile.TRIALS + 1)  # both ways: one cold call, then the timed ones
+    for k in range(first + 4):
+        torch.testing.assert_close(f(a, b), branches(a, b), **TOL)
+        if k == first - 1:
+            assert len(calls) == first // 2, calls  # the ways took turns
+    assert len(calls) == first // 2, calls  # decided: the slowed way was not taken again
+    (graph,) = torch_mgpu.compile_choices()[before:]
+    assert graph["partitions"] >= 2 and graph["choice"] == kept, graph
+    slow_s, fast_s = ((graph["partitions_s"], graph["whole_s"]) if kept == "whole"
+                      else (graph["whole_s"], graph["partitions_s"]))
+    assert slow_s > fast_s + 0.04, graph
+
+
+def test_a_graph_measuring_its_choice_reports_none_and_one_partition_is_whole():
+    torch.manual_seed(10)
+    torch._dynamo.reset()
+    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    f = torch.compile(branches, backend="mgpu")
+    before = len(torch_mgpu.compile_choices())
+    f(a, b)
+    (graph,) = torch_mgpu.compile_choices()[before:]
+    assert graph["choice"] is None and graph["partitions"] >= 2  # one cold call: nothing timed yet
+    assert graph["partitions_s"] is None and graph["whole_s"] is None
+    g = torch.compile(lambda x: torch.tanh(x @ x).sum(), backend="mgpu")
+    x = torch.randn(64, 64)
+    torch.testing.assert_close(g(x), torch.tanh(x @ x).sum(), **TOL)
+    last = torch_mgpu.compile_choices()[-1]
+    assert last.pop("id") > graph["id"]
+    assert last == {"partitions": 1, "choice": "whole",
+                                               "partitions_s": None, "whole_s": None}
+
+
+def test_an_unknown_choice_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(mgpu_compile, "CHOICE", "fastest")
+    f = torch.compile(lambda x: x.sin() + 1, backend="mgpu")
+    with pytest.raises(Exception, match="TORCH_MGPU_COMPILE_CHOICE must be one of measure, partitions, whole"):
+        f(torch.randn(8))

@@ -42,6 +42,16 @@ def _register_compile_backend() -> None:
 _register_compile_backend()
 
 
+def compile_choices() -> list:
+    """How each live graph compiled by `torch.compile(..., backend="mgpu")`
+    runs: one dict per graph, oldest first, with `id`, `partitions` (how
+    many it was split into), `choice` ("partitions": planned over the lanes; "whole": one
+    inductor call; None while its first calls time both) and the measured
+    medians `partitions_s` and `whole_s` (None until timed)."""
+    from .compile import compile_choices as choices
+    return choices()
+
+
 def synchronize() -> None:
     """Run every pending op. Raises the first error an op raised."""
     _C.synchronize()
@@ -140,6 +150,7 @@ __all__ = [
     "stats",
     "empty_cache",
     "last_plan",
+    "compile_choices",
     "Plan",
     "max_pending_ops",
     "set_max_pending_ops",

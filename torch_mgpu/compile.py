@@ -22,13 +22,23 @@ lanes beside whatever eager mgpu code is pending.
   stream.
 - Dynamic shapes: a graph with symbolic sizes is one partition (inductor's
   dynamic-shape code, called directly, or on a lane for mgpu inputs).
+- Measured choice: a graph split into partitions for host or CUDA tensors
+  is also compiled whole, as inductor alone would compile it. Over its first
+  calls on host tensors the two take turns, timed, and the faster is kept
+  (`compile_choices()`); the split is a prediction, the choice a measurement,
+  so a split graph is not slower than inductor's own code. On CUDA tensors
+  the whole graph runs (its partitions would run in order on one stream).
+  `TORCH_MGPU_COMPILE_CHOICE=partitions` (or `whole`) fixes the choice.
 
 Registered under the name "mgpu" through the `torch_dynamo_backends` entry
 point (and on import of torch_mgpu).
 """
+import functools
 import os
 import re
+import statistics
 import threading
+import time
 import weakref
 
 import torch
@@ -37,6 +47,15 @@ from . import _C, _partition
 
 _registry_lock = threading.Lock()
 _partitions = weakref.WeakValueDictionary()  # name -> PartitionInfo
+_graphs = weakref.WeakSet()  # every live CompiledGraph
+
+# How a graph split into partitions runs on host tensors: "measure" times
+# both ways over its first calls and keeps the faster; "partitions" and
+# "whole" fix the choice. Read when a graph is compiled.
+CHOICES = ("measure", "partitions", "whole")
+CHOICE = os.environ.get("TORCH_MGPU_COMPILE_CHOICE", "measure")
+TRIALS = 5          # timed calls of each way (after an untimed first one)
+MARGIN = 1.05       # the partitions are kept only if this much faster
 
 
 class PartitionInfo:
@@ -75,9 +94,7 @@ def _cpu_threads(lanes):
 class _Part:
     """One compiled partition of a graph."""
 
-    def __init__(self, sub, inputs, outputs, example_inputs, kwargs, multi, lanes):
-        import time
-
+    def __init__(self, sub, inputs, outputs, example_inputs, kwargs, multi, lanes, node=True):
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx_inner
 
@@ -110,7 +127,7 @@ class _Part:
         # A partition that reads no tensor (torch.eye, arange) takes an empty
         # one: the op finds its device (and the node its lane) from it.
         self.anchored = not any(isinstance(v, torch.Tensor) for v in example_inputs)
-        if not self.symbolic:
+        if node and not self.symbolic:
             out_vals = [o.meta["val"] for o in outputs]
             specs = [_meta_like(v) for v in example_inputs if isinstance(v, torch.Tensor)]
             if self.anchored:
@@ -166,11 +183,75 @@ def _meta_like(v):
                                dtype=v.dtype, device="meta")
 
 
+class _Choice:
+    """Which way a split graph runs on host tensors: its partitions on the
+    lanes (0) or the whole graph as one inductor call (1). Until it is
+    decided the calls take turns; each way's first call is cold (plans,
+    caches) and not timed, then TRIALS timed calls each decide it."""
+
+    NAMES = ("partitions", "whole")
+
+    def __init__(self, mode):
+        self.lock = threading.Lock()
+        self.calls = [0, 0]
+        self.seconds = ([], [])
+        self.chosen = {"partitions": 0, "whole": 1}.get(mode)
+
+    def next(self):
+        """(the way to run, whether to time it)."""
+        chosen = self.chosen
+        if chosen is not None:
+            return chosen, False
+        with self.lock:
+            k = 0 if self.calls[0] <= self.calls[1] else 1
+            self.calls[k] += 1
+            return k, self.calls[k] > 1
+
+    def record(self, k, seconds):
+        with self.lock:
+            if self.chosen is not None:
+                return
+            self.seconds[k].append(seconds)
+            if min(map(len, self.seconds)) >= TRIALS:
+                parts, whole = map(statistics.median, self.seconds)
+                self.chosen = 0 if parts * MARGIN < whole else 1
+
+    def report(self):
+        with self.lock:
+            return {"choice": None if self.chosen is None else self.NAMES[self.chosen],
+                    "partitions_s": statistics.median(self.seconds[0]) if self.seconds[0] else None,
+                    "whole_s": statistics.median(self.seconds[1]) if self.seconds[1] else None}
+
+
+def compile_choices():
+    """One dict per live graph compiled by the mgpu backend, oldest first:
+    `id` (a number, larger for later graphs), `partitions` (how many it was
+    split into), `choice` ("partitions", "whole", or None
+    while the first calls measure both), and the measured medians
+    `partitions_s` and `whole_s` (None until timed)."""
+    with _registry_lock:
+        graphs = list(_graphs)
+    out = []
+    for g in sorted(graphs, key=lambda g: g.serial):
+        r = {"id": g.serial, "partitions": len(g.parts), "choice": "whole", "partitions_s": None, "whole_s": None}
+        if g.choice is not None:
+            r.update(g.choice.report())
+        elif g.whole is None and len(g.parts) > 1:
+            r["choice"] = "partitions"
+        out.append(r)
+    return out
+
+
+_serial = iter(range(1 << 62))
+
+
 class CompiledGraph:
     """What the inner compiler returns: a boxed callable (AOTAutograd's
     calling convention) over the partitions of one graph."""
 
-    def __init__(self, gm, example_inputs, kwargs):
+    def __init__(self, gm, example_inputs, kwargs, lazy_inputs=False):
+        if CHOICE not in CHOICES:
+            raise ValueError(f"TORCH_MGPU_COMPILE_CHOICE must be one of {', '.join(CHOICES)}, got {CHOICE!r}")
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__
         kwargs = dict(kwargs)
         static = set(kwargs.pop("static_input_idxs", ()) or ())
@@ -201,6 +282,18 @@ class CompiledGraph:
             with TracingContext.report_output_strides():
                 self.parts.append(_Part(sub, ins, outs, examples, dict(kwargs, static_input_idxs=sub_static),
                                         multi, lanes))
+        # A split graph for host or CUDA tensors is also compiled whole (its
+        # cross-partition values stay inside, fused as inductor fuses them).
+        self.whole = self.choice = None
+        if multi and not lazy_inputs:
+            members = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+            kept = _partition.used_outside(gm, [members]) | {src for _, src in self.mutations}
+            sub, ins, outs = _partition.subgraph(gm, members, kept)
+            sub_static = [k for k, i in enumerate(ins) if self.placeholder_index.get(i) in static]
+            with TracingContext.report_output_strides():
+                self.whole = _Part(sub, ins, outs, [i.meta["val"] for i in ins],
+                                   dict(kwargs, static_input_idxs=sub_static), False, lanes, node=False)
+            self.choice = _Choice(CHOICE)
         self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self._direct_in = self._direct_out = None
         if len(self.parts) == 1 and not self.mutations:
@@ -216,6 +309,9 @@ class CompiledGraph:
                 v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
                 context.output_strides.append(tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
         self.symbolic = symbolic
+        self.serial = next(_serial)
+        with _registry_lock:
+            _graphs.add(self)
 
     # -- running ----------------------------------------------------------
     def __call__(self, args):
@@ -234,8 +330,15 @@ class CompiledGraph:
             return [outs[k] if kind == 0 else args[k] if kind == 1 else k for kind, k in self._direct_out]
         args = list(args)
         if on_cuda or self.symbolic:
-            return self._run_direct(args)
-        return self._run_engine(args)
+            return self._run_direct(args, [self.whole] if self.whole is not None else self.parts)
+        if self.choice is None:
+            return self._run_engine(args)
+        k, timed = self.choice.next()
+        t0 = time.perf_counter()
+        out = self._run_engine(args) if k == 0 else self._run_direct(args, [self.whole])
+        if timed:
+            self.choice.record(k, time.perf_counter() - t0)
+        return out
 
     def _value(self, node, args, env):
         if node in env:
@@ -256,10 +359,10 @@ class CompiledGraph:
                 out.append(self._value(a, args, env))
         return out
 
-    def _run_direct(self, args):
-        """Each partition in turn, here: inductor's code and nothing else."""
+    def _run_direct(self, args, parts):
+        """Each of `parts` in turn, here: inductor's code and nothing else."""
         env = {}
-        for part in self.parts:
+        for part in parts:
             env.update(zip(part.outputs, part([self._value(i, args, env) for i in part.inputs])))
         return self._outputs(args, env)
 
@@ -303,20 +406,23 @@ class CompiledGraph:
         return self._outputs(args, self._record(args, wrap, lambda: torch.empty(0, device="mgpu")))
 
 
-def _inner_compile(gm, example_inputs, **kwargs):
+def _inner_compile(gm, example_inputs, lazy_inputs=False, **kwargs):
     kwargs.pop("compile_region_name", None)
-    return CompiledGraph(gm, example_inputs, kwargs)
+    return CompiledGraph(gm, example_inputs, kwargs, lazy_inputs)
 
 
 def mgpu_backend(gm: torch.fx.GraphModule, example_inputs):
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx
 
-    if any(_is_mgpu(t) for t in example_inputs):
-        # mgpu tensors: compiled for the CPU, the lanes' device.
+    lazy_inputs = any(_is_mgpu(t) for t in example_inputs)
+    if lazy_inputs:
+        # mgpu tensors: compiled for the CPU, the lanes' device; the
+        # partitions always join the pending graph (nothing to choose).
         gm, example_inputs = _for_cpu(gm, example_inputs)
+    inner = functools.partial(_inner_compile, lazy_inputs=lazy_inputs)  # the backward's too
     with functorch_config.patch(enable_autograd_cache=False):
-        return compile_fx(gm, example_inputs, inner_compile=_inner_compile)
+        return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
 def _cpu_device(x):
