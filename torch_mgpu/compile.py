@@ -34,6 +34,7 @@ Registered under the name "mgpu" through the `torch_dynamo_backends` entry
 point (and on import of torch_mgpu).
 """
 import functools
+import itertools
 import os
 import re
 import statistics
@@ -242,7 +243,7 @@ def compile_choices():
     return out
 
 
-_serial = iter(range(1 << 62))
+_serial = itertools.count()
 
 
 class CompiledGraph:
@@ -293,7 +294,8 @@ class CompiledGraph:
             with TracingContext.report_output_strides():
                 self.whole = _Part(sub, ins, outs, [i.meta["val"] for i in ins],
                                    dict(kwargs, static_input_idxs=sub_static), False, lanes, node=False)
-            self.choice = _Choice(CHOICE)
+            on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in example_inputs)
+            self.choice = _Choice("whole" if on_cuda else CHOICE)
         self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self._direct_in = self._direct_out = None
         if len(self.parts) == 1 and not self.mutations:
