@@ -138,7 +138,7 @@ def main():
     a = ap.parse_args()
     device = a.device
     streams = [1, 2, 4] if device == "cuda" else [1, 2]
-    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    before = torch_mgpu.configuration()
     t_start = time.time()
     rows = []
     for case in cases(a.quick, device):
@@ -146,8 +146,7 @@ def main():
         rows.append((case, times, pred, meas, lanes))
         line = "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
         print(f"{case.workload:>14} | {case.name:<28} {line}", flush=True)
-    n_dev = len({n.split("/")[0] for n in before[0]})
-    torch_mgpu.configure(devices=["cpu"] * n_dev, lanes_per_device=len(before[0]) // n_dev, policy=before[1])
+    torch_mgpu.configure(**before)
     if device == "cuda":
         name = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     else:

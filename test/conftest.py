@@ -18,13 +18,7 @@ def _clean_state():
 def restore_lanes(lanes, policy):
     """Configures the lanes named by an earlier torch_mgpu.lanes() again
     (CPU devices, virtual or not, or CUDA devices), with `policy`."""
-    devices = []
-    for name in lanes:
-        dev = name.split("/")[0]
-        if dev not in devices:
-            devices.append(dev)
-    spec = ["cpu" if d.startswith("cpu") else d for d in devices]
-    torch_mgpu.configure(devices=spec, lanes_per_device=len(lanes) // len(devices), policy=policy)
+    torch_mgpu.configure(**torch_mgpu._configuration_of(lanes, policy))
 
 
 def assert_same(mgpu_tensor, cpu_tensor, exact=True):

@@ -12,9 +12,9 @@ from conftest import random_dag_program
 @pytest.fixture
 def lanes_config():
     """Restores the default lane configuration after a test."""
-    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    saved = torch_mgpu.configuration()
     yield
-    torch_mgpu.configure(devices=["cpu"], lanes_per_device=len(before[0]), policy=before[1])
+    torch_mgpu.configure(**saved)
 
 
 def branches(n=8, size=128, seed=0, device="mgpu"):
@@ -50,6 +50,20 @@ def test_configure_and_lanes(lanes_config):
         with pytest.raises(RuntimeError, match="does not exist"):
             torch_mgpu.configure(devices=[f"cuda:{torch.cuda.device_count()}"])
     assert torch_mgpu.lanes() == before  # a refused configuration changes nothing
+
+
+def test_configuration_gives_configure_its_arguments_back(lanes_config):
+    torch_mgpu.configure(devices=["cpu", "cpu", "cpu"], lanes_per_device=2, policy="heft")
+    saved = torch_mgpu.configuration()
+    assert saved == {"devices": ["cpu", "cpu", "cpu"], "lanes_per_device": 2, "policy": "heft"}
+    lanes = torch_mgpu.lanes()
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=1, policy="serial")
+    assert torch_mgpu.configuration() == {"devices": ["cpu"], "lanes_per_device": 1, "policy": "serial"}
+    torch_mgpu.configure(**saved)
+    assert torch_mgpu.lanes() == lanes and torch_mgpu.policy() == "heft"
+    if torch.cuda.is_available():
+        torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=2, policy="auto")
+        assert torch_mgpu.configuration() == {"devices": ["cuda:0"], "lanes_per_device": 2, "policy": "auto"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -103,6 +103,20 @@ def policy() -> str:
     return _C.policy()
 
 
+def configuration() -> dict:
+    """The current lanes as configure()'s arguments (devices,
+    lanes_per_device, policy): `configure(**configuration())` sets them
+    again after other settings."""
+    return _configuration_of(lanes(), policy())
+
+
+def _configuration_of(lane_names, policy_name) -> dict:
+    devices = _device_module.devices_of(lane_names)
+    # Virtual CPU devices (cpu:0, cpu:1) are each configured as "cpu".
+    return {"devices": ["cpu" if d.startswith("cpu") else d for d in devices],
+            "lanes_per_device": len(lane_names) // len(devices), "policy": policy_name}
+
+
 def max_pending_ops() -> int:
     return _C.max_pending_ops()
 
@@ -141,6 +155,7 @@ atexit.register(_drain_at_exit)
 __all__ = [
     "synchronize",
     "configure",
+    "configuration",
     "lanes",
     "policy",
     "simulate",

@@ -77,17 +77,24 @@ def _in_forked_child_with_lanes() -> bool:
 # Device description
 
 
+def devices_of(lane_names) -> list:
+    """The devices lanes are on, in order: ['cpu:0/lane0', 'cpu:1/lane0']
+    -> ['cpu:0', 'cpu:1']."""
+    devices = []
+    for lane in lane_names:
+        dev = lane.split("/")[0]
+        if dev not in devices:
+            devices.append(dev)
+    return devices
+
+
 class _MgpuDeviceProperties:
     """What torch.mgpu.get_device_properties() returns: the lanes the mgpu
     device plans over and the memory its values live in."""
 
     def __init__(self, index: int):
         lanes = list(_C.lanes())
-        devices = []
-        for lane in lanes:
-            dev = lane.split("/")[0]
-            if dev not in devices:
-                devices.append(dev)
+        devices = devices_of(lanes)
         self.index = index
         self.lanes = lanes
         self.devices = devices
