@@ -91,6 +91,22 @@ def test_device_name_and_properties():
         torch.mgpu.get_device_properties(1)
 
 
+def test_device_capability_is_the_lowest_of_the_lanes_gpus(monkeypatch):
+    assert torch.mgpu.get_device_capability() == torch.mgpu.get_device_capability("mgpu:0")
+    if not torch.cuda.is_available():
+        assert torch.mgpu.get_device_capability() == (0, 0)  # CPU lanes: no GPU to describe
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.mgpu.get_device_capability(1)
+    # Lanes on two GPUs of different generations: code for mgpu may assume
+    # only what both have.
+    from torch_mgpu import device as mgpu_device
+    monkeypatch.setattr(mgpu_device._C, "lanes", lambda: ["cuda:0/stream0", "cuda:1/stream0"])
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda index=None: (1, 2))
+    caps = {"cuda:0": (9, 0), "cuda:1": (8, 6)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: caps[d])
+    assert torch.mgpu.get_device_capability() == (8, 6)
+
+
 def test_device_description_follows_the_lanes():
     before, policy = torch_mgpu.lanes(), torch_mgpu.policy()
     try:

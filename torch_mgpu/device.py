@@ -119,8 +119,13 @@ def get_device_name(device=None) -> str:
 
 
 def get_device_capability(device=None):
-    get_device_properties(device)
-    return (0, 0)
+    """On CUDA lanes, the lowest (major, minor) among their GPUs: what code
+    for mgpu may assume of every device it runs on. On CPU lanes (0, 0)."""
+    props = get_device_properties(device)
+    gpus = [d for d in props.devices if d.startswith("cuda")]
+    if not gpus:
+        return (0, 0)
+    return min(tuple(torch.cuda.get_device_capability(d)) for d in gpus)
 
 
 # Memory: what mgpu values hold (host bytes on CPU lanes, device bytes on
