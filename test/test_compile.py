@@ -25,6 +25,15 @@ def choice(request, monkeypatch):
     return request.param
 
 
+def graphs_after(newest):
+    """compile_choices() of the graphs compiled after the one with id `newest`."""
+    return [g for g in torch_mgpu.compile_choices() if g["id"] > newest]
+
+
+def newest_graph():
+    return max((g["id"] for g in torch_mgpu.compile_choices()), default=-1)
+
+
 def partitions_of(plan):
     return [e for e in plan.timeline() if e["op"].startswith("partition#")]
 
@@ -355,7 +364,7 @@ def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch
     torch._dynamo.reset()  # `branches` compiled afresh, under this test's choice
     a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
     f = torch.compile(branches, backend="mgpu")
-    before = len(torch_mgpu.compile_choices())
+    before = newest_graph()
     calls = _slowed(monkeypatch, slow, 0.05)
     first = 2 * (mgpu_compile.TRIALS + 1)  # both ways: one cold call, then the timed ones
     for k in range(first + 4):
@@ -363,7 +372,7 @@ def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch
         if k == first - 1:
             assert len(calls) == first // 2, calls  # the ways took turns
     assert len(calls) == first // 2, calls  # decided: the slowed way was not taken again
-    (graph,) = torch_mgpu.compile_choices()[before:]
+    (graph,) = graphs_after(before)
     assert graph["partitions"] >= 2 and graph["choice"] == kept, graph
     slow_s, fast_s = ((graph["partitions_s"], graph["whole_s"]) if kept == "whole"
                       else (graph["whole_s"], graph["partitions_s"]))
@@ -375,18 +384,16 @@ def test_a_graph_measuring_its_choice_reports_none_and_one_partition_is_whole():
     torch._dynamo.reset()
     a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
     f = torch.compile(branches, backend="mgpu")
-    before = len(torch_mgpu.compile_choices())
+    before = newest_graph()
     f(a, b)
-    (graph,) = torch_mgpu.compile_choices()[before:]
+    (graph,) = graphs_after(before)
     assert graph["choice"] is None and graph["partitions"] >= 2  # one cold call: nothing timed yet
     assert graph["partitions_s"] is None and graph["whole_s"] is None
     g = torch.compile(lambda x: torch.tanh(x @ x).sum(), backend="mgpu")
     x = torch.randn(64, 64)
     torch.testing.assert_close(g(x), torch.tanh(x @ x).sum(), **TOL)
-    last = torch_mgpu.compile_choices()[-1]
-    assert last.pop("id") > graph["id"]
-    assert last == {"partitions": 1, "choice": "whole",
-                                               "partitions_s": None, "whole_s": None}
+    (last,) = graphs_after(graph["id"])
+    assert last == {"id": last["id"], "partitions": 1, "choice": "whole", "partitions_s": None, "whole_s": None}
 
 
 def test_an_unknown_choice_is_refused_by_name(monkeypatch):

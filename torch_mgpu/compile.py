@@ -271,29 +271,25 @@ class CompiledGraph:
         groups = _partition.split(gm, 1 if symbolic else lanes)
         outside = _partition.used_outside(gm, groups) | {src for _, src in self.mutations}
         multi = len(groups) > 1
-        self.parts = []
         from torch._guards import TracingContext
 
-        for members in groups:
-            sub, ins, outs = _partition.subgraph(gm, members, outside)
+        def compile_part(members, kept, split, node=True):
+            sub, ins, outs = _partition.subgraph(gm, members, kept)
             sub_static = [k for k, i in enumerate(ins) if self.placeholder_index.get(i) in static]
-            examples = [i.meta["val"] for i in ins]
             # Each compile reports its own outputs' strides; the graph's are
             # reported below.
             with TracingContext.report_output_strides():
-                self.parts.append(_Part(sub, ins, outs, examples, dict(kwargs, static_input_idxs=sub_static),
-                                        multi, lanes))
+                return _Part(sub, ins, outs, [i.meta["val"] for i in ins],
+                             dict(kwargs, static_input_idxs=sub_static), split, lanes, node)
+
+        self.parts = [compile_part(members, outside, multi) for members in groups]
         # A split graph for host or CUDA tensors is also compiled whole (its
         # cross-partition values stay inside, fused as inductor fuses them).
         self.whole = self.choice = None
         if multi and not lazy_inputs:
             members = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
             kept = _partition.used_outside(gm, [members]) | {src for _, src in self.mutations}
-            sub, ins, outs = _partition.subgraph(gm, members, kept)
-            sub_static = [k for k, i in enumerate(ins) if self.placeholder_index.get(i) in static]
-            with TracingContext.report_output_strides():
-                self.whole = _Part(sub, ins, outs, [i.meta["val"] for i in ins],
-                                   dict(kwargs, static_input_idxs=sub_static), False, lanes, node=False)
+            self.whole = compile_part(members, kept, False, node=False)
             on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in example_inputs)
             self.choice = _Choice("whole" if on_cuda else CHOICE)
         self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
