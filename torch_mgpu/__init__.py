@@ -14,6 +14,15 @@ from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "m
 from . import device as _device_module
 from ._plan import Plan, Simulation, device_profiles, last_plan, simulate
 
+def _install_caller() -> None:
+    # An error raised when the pending graph runs names the line that
+    # recorded the failing op: the innermost frame outside these packages.
+    import os
+    _C._install_caller([os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep])
+
+
+_install_caller()
+
 if not hasattr(torch, "mgpu"):
     torch.utils.rename_privateuse1_backend("mgpu")
     torch._register_device_module("mgpu", _device_module)

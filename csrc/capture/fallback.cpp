@@ -3,8 +3,10 @@
 // the call is recorded as one IR node. Views alias the mgpu storage directly,
 // in-place and out= ops produce the next version of the written storages.
 #include "capture/arguments.h"
+#include "capture/caller.h"
 #include "capture/capture.h"
 #include "capture/meta_cache.h"
+#include "ir/call_state.h"
 #include "ir/partition.h"
 #include "capture/random.h"
 #include "ir/view.h"
@@ -90,7 +92,9 @@ struct Call {
     return i;
   }
   std::vector<at::Tensor> mutated_slots;      // mgpu tensors written by the op
+  std::vector<std::pair<int, int>> mutated_at;  // their (argument, list element or -1)
   std::vector<at::Tensor> mutated_meta;       // their Meta twins
+  int arg = 0, element = -1;  // where to_meta's tensor sits in the call
   SignatureKey key;
   c10::DeviceIndex device = 0;
   bool cpu_as_meta = false;  // copies take a whole CPU tensor as their source
@@ -133,7 +137,10 @@ struct Call {
     key.add(i);
     key.add(static_cast<int64_t>(storages[i].nbytes()));
     key.add_geometry(g);
-    if (mutated) mutated_slots.push_back(t);
+    if (mutated) {
+      mutated_slots.push_back(t);
+      mutated_at.emplace_back(arg, element);
+    }
     if (!build_meta) return t;
     auto m = cpu_twins ? ir::make_view(meta[i], c10::DispatchKey::CPU, g) : meta_view(meta[i], g);
     if (mutated) mutated_meta.push_back(m);
@@ -151,6 +158,8 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& v = args[i];
     bool mut = is_mutated(schema.arguments()[i]);
+    call.arg = static_cast<int>(i);
+    call.element = -1;
     if (v.isTensor()) {
       at::Tensor m = call.to_meta(v.toTensor(), mut);
       if (keep) out.emplace_back(std::move(m));
@@ -158,6 +167,7 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
       std::vector<at::Tensor> l;
       const auto list = v.toTensorList();
       for (const auto& t : list) {
+        ++call.element;
         at::Tensor m = call.to_meta(t, mut);
         if (keep) l.push_back(std::move(m));
       }
@@ -166,6 +176,7 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> l;
       for (const auto& e : v.toOptionalTensorList()) {
+        ++call.element;
         std::optional<at::Tensor> ot = e;
         std::optional<at::Tensor> m = ot ? std::optional<at::Tensor>(call.to_meta(*ot, mut)) : std::nullopt;
         if (keep) l.push_back(std::move(m));
@@ -193,6 +204,13 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
 // Runs the op on Meta tensors and describes its results.
 MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, Call& call) {
   torch::jit::Stack s(std::move(margs));
+  for (const auto& v : s)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      // Every mgpu tensor has a twin by now; one that got through (an
+      // argument of a kind the walk does not know) would record again,
+      // from inside this inference, without end.
+      TORCH_CHECK_NOT_IMPLEMENTED(!is_mgpu(t), "mgpu: an argument of ", op.schema().name(), " has no Meta twin");
+    });
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.callBoxed(&s);
@@ -283,15 +301,25 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   }
 }
 
-// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
-// implementation for a dtype raises only when run. Run the op once per new
-// signature on tiny zero tensors of the same dtypes (every dim clamped to 1)
-// and raise eager's "not implemented for" error at the call. Other probe
-// errors (the tiny shapes may not fit) are ignored. Ops that draw random
-// numbers are not probed: the probe must not move any generator.
+// Meta kernels check shapes but rarely dtypes or other arguments: a CPU
+// kernel raises "not implemented for 'Bool'", "expected m1 and m2 to have
+// the same dtype", "alpha must not be a floating point number" only when
+// run. For a new signature with small inputs, the call runs once on CPU
+// over zeros of the same shapes and dtypes: a call eager itself could make.
+// An error it raises that does not come from the data is raised at the
+// call, as eager raises it, even when the result is never read. An error
+// that zeros provoke and ones do not (an integer division by zero), or a
+// LinAlgError (a singular matrix of zeros), comes from the data: it is left
+// to the sync, where the real data decides. Large calls are not probed
+// (their dtype errors surface at the sync point, naming the op). Ops that
+// draw random numbers are not probed: the probe must not move a generator.
 at::Tensor zeros_like_on_cpu(const at::Tensor& t) {
   if (!is_mgpu(t)) return t;
   return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+}
+at::Tensor ones_like_on_cpu(const at::Tensor& t) {
+  if (!is_mgpu(t)) return t;
+  return at::ones(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
 }
 
 int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
@@ -300,33 +328,66 @@ int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
   return n;
 }
 
-// Meta kernels check shapes but rarely dtypes: a CPU kernel with no
-// implementation for a dtype raises only when run. For a new signature with
-// small inputs, run the call once on CPU over zeros of the same shapes and
-// dtypes, and raise eager's "not implemented for" error at the call. Zeros
-// are valid data for any call the Meta kernel accepted (indices in range,
-// offsets ordered), so the probe is a call eager itself could make. Other
-// probe errors are ignored; large calls are not probed (their dtype errors
-// surface at the sync point). Ops that draw random numbers are not probed:
-// the probe must not move a generator.
-void probe_dtypes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  constexpr int64_t kMaxProbeNumel = 1 << 14;
-  const auto& schema = op.schema();
-  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
-  if (input_numel(args) > kMaxProbeNumel) return;
+// Runs the call on CPU over `fill`'s tensors in place of the mgpu ones.
+void probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, at::Tensor (*fill)(const at::Tensor&)) {
   torch::jit::Stack s;
   for (const auto& v : args) {
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) s.emplace_back(c10::Device(c10::kCPU));
-    else s.push_back(map_tensors(v, zeros_like_on_cpu));
+    else s.push_back(map_tensors(v, fill));
   }
   at::AutoDispatchBelowADInplaceOrView guard;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+  op.callBoxed(&s);
+}
+
+// Factorizations and solves refuse singular matrices, which zeros and ones
+// both are: only their "not implemented for" errors are the call's.
+bool refuses_singular(const std::string& name) {
+  return name.find("linalg") != std::string::npos || name.rfind("aten::cholesky", 0) == 0 ||
+      name.rfind("aten::inverse", 0) == 0 || name.rfind("aten::lu", 0) == 0 || name.rfind("aten::_lu", 0) == 0;
+}
+
+void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  constexpr int64_t kMaxProbeNumel = 1 << 14;
+  const auto& schema = op.schema();
+  // Only ATen's own kernels: a custom op's kernel may be any code (a
+  // compiled partition, Python), not to be run on made-up inputs.
+  if (schema.name().rfind("aten::", 0) != 0) return;
+  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  if (input_numel(args) > kMaxProbeNumel) return;
   try {
-    op.callBoxed(&s);
+    probe_call(op, args, zeros_like_on_cpu);
+  } catch (const c10::LinAlgError&) {
   } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
+    const std::string msg = e.what_without_backtrace();
     if (msg.find("not implemented for '") != std::string::npos) throw;
+    if (refuses_singular(schema.name())) return;
+    std::exception_ptr on_zeros = std::current_exception();
+    try {
+      probe_call(op, args, ones_like_on_cpu);
+    } catch (const c10::Error&) {
+      std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
+    } catch (const std::exception&) {
+    }
   } catch (const std::exception&) {
+  }
+}
+
+// Batch norm in eval mode: Meta kernels promise saved statistics of shape
+// [C], CPU (and CUDA) kernels return empty ones; mgpu gives what eager does.
+void saves_nothing_in_eval(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, MetaResult& r) {
+  bool training = false;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (schema.arguments()[i].name() == "training" && args[i].isBool()) training = args[i].toBool();
+  if (training || r.tensors.size() < 3) return;
+  for (size_t k = 1; k < 3; ++k) {
+    auto& t = r.tensors[k];
+    if (!t.defined || t.alias >= 0) continue;
+    t.geom.sizes = {0};
+    t.geom.strides = {1};
+    t.geom.offset = 0;
+    t.nbytes = 0;
   }
 }
 
@@ -364,6 +425,8 @@ struct OpInfo {
   bool empty_factory = false;
   bool host_indices = false;   // indexing: indices come from the host
   bool aten = false;           // an aten op (others may have Python kernels)
+  bool makes_quantized = false;  // quantize_per_tensor and friends
+  bool batch_norm = false;     // native batch norm: eval mode saves nothing
 };
 const OpInfo& op_info(const c10::OperatorHandle& op) {
   static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
@@ -372,7 +435,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   if (it != infos->end()) return it->second;
   static const std::unordered_set<std::string> host_indices = {
       "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index",
-      "aten::_unsafe_index_put"};
+      "aten::_unsafe_index_put", "aten::index_fill", "aten::index_fill_"};
   std::string n = schema.operator_name().name;
   if (!schema.overload_name().empty()) n += "." + schema.overload_name();
   OpInfo info;
@@ -382,6 +445,11 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.empty_factory = is_empty_factory(op);
   info.host_indices = host_indices.count(schema.name()) > 0;
   info.aten = n.rfind("aten::", 0) == 0;
+  info.makes_quantized = schema.name().rfind("aten::quantize_per", 0) == 0 ||
+      schema.name().rfind("aten::_make_per_", 0) == 0 || schema.name() == "aten::_empty_affine_quantized" ||
+      schema.name() == "aten::_empty_per_channel_affine_quantized";
+  info.batch_norm = schema.name() == "aten::native_batch_norm" || schema.name() == "aten::_native_batch_norm_legit" ||
+      schema.name() == "aten::_native_batch_norm_legit_no_training";
   return infos->emplace(&schema, info).first->second;
 }
 
@@ -417,7 +485,15 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     std::string& key;
     ~GiveBack() { key_buffer.swap(key); }
   } give_back{call.key.bytes};
-  call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, then its arguments
+  const OpInfo& info_of_op = op_info(op);
+  call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, the settings, then its arguments
+  // The settings kernels read (Meta's included: the default dtype decides
+  // an integer division's result type, a deterministic mode makes some
+  // calls raise) are part of the key and go with the node.
+  const ir::CallState state = ir::current_call_state();
+  call.key.add(static_cast<int64_t>(state.default_dtype) | int64_t{state.deterministic} << 8 |
+               int64_t{state.deterministic_warn_only} << 9 | int64_t{state.fill_uninitialized} << 10 |
+               int64_t{state.matmul_precision} << 11);
   meta_arguments(schema, args, call);
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
   MetaResult fresh;
@@ -438,7 +514,8 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
       probed = true;
     }
-    if (!probed) probe_dtypes(op, args);
+    if (!probed) probe_errors(op, args);
+    if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
@@ -496,7 +573,9 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   }
   if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
 
-  // Outputs: fresh returned tensors, then the next versions of written storages.
+  // Outputs: fresh returned tensors, then the next versions of written
+  // storages. Nothing that anyone else can see changes before the node is
+  // complete (its hash included): a call that raises records nothing.
   bool empty_factory = info.empty_factory;
   std::vector<at::Tensor> results;
   std::vector<int> written;  // distinct storage indices written
@@ -527,8 +606,10 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, node, out_index), t.geom));
     }
   }
-  // Written storages: grow (resize_, out=) and move to the new version.
-  for (int idx : written) {
+  // Written storages grow (resize_, out=) to their largest written extent.
+  std::vector<int> written_output(written.size());
+  for (size_t w = 0; w < written.size(); ++w) {
+    const int idx = written[w];
     size_t nbytes = call.storages[idx].nbytes();
     for (size_t k = 0; k < call.mutated_slots.size(); ++k)
       if (call.index_at(call.mutated_slots[k]) == idx)
@@ -536,10 +617,23 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     ir::Output o;
     o.nbytes = nbytes;
     o.mutated_operand = idx;
-    int out_index = static_cast<int>(node->outputs.size());
+    written_output[w] = static_cast<int>(node->outputs.size());
     node->outputs.push_back(o);
+  }
+  node->written.reserve(call.mutated_slots.size());
+  for (size_t k = 0; k < call.mutated_slots.size(); ++k)
+    node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
+  node->state = state;
+  node->where = caller_location();
+  node->hash();  // memoized now, on the recording thread, not at the sync
+
+  // Commit: the written storages move to their next version, written
+  // tensors take their new geometry. Nothing below throws.
+  for (size_t w = 0; w < written.size(); ++w) {
+    const int idx = written[w];
+    const size_t nbytes = node->outputs[written_output[w]].nbytes;
     if (nbytes > call.storages[idx].nbytes()) call.storages[idx].unsafeGetStorageImpl()->set_nbytes(nbytes);
-    buffer_of(call.storages[idx])->value = ir::Value{node, out_index};
+    buffer_of(call.storages[idx])->value = ir::Value{node, written_output[w]};
   }
   for (size_t k = 0; k < call.mutated_slots.size(); ++k) {
     auto* impl = call.mutated_slots[k].unsafeGetTensorImpl();
@@ -547,7 +641,6 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
   if (!node->outputs.empty()) counters().ops_captured++;
-  node->hash();  // memoized now, on the recording thread, not at the sync
   // Ops outside aten may have Python kernels (custom ops), which need the
   // GIL; seeded ops borrow the global generator while they run.
   const bool background_safe = !node->seed && info.aten;
@@ -589,8 +682,43 @@ void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   record_call(op, stack, false);
 }
 
+namespace {
+// Quantized tensors have no mgpu form (the lazy storage holds plain
+// strided bytes): refused at the call, by name, as a backend without
+// quantized kernels refuses them.
+void refuse_unsupported(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto& schema = op.schema();
+  bool quantized = op_info(op).makes_quantized;
+  for (size_t i = 0; i < args.size() && !quantized; ++i) {
+    auto type = schema.arguments()[i].type();
+    if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
+    if (type->kind() == c10::TypeKind::ScalarTypeType && args[i].isInt())
+      quantized = c10::isQIntType(static_cast<c10::ScalarType>(args[i].toInt()));
+    for_each_tensor(args[i], [&](const at::Tensor& t) { quantized = quantized || t.is_quantized(); });
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(!quantized, "mgpu: quantized tensors are not supported (", schema.name(),
+                              "); quantize on the CPU: x.cpu()");
+}
+
+// The settings the pending ops were called with (guarded by the state lock).
+ir::CallState& pending_state() {
+  static ir::CallState s;
+  return s;
+}
+} // namespace
+
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   StateLock lock;
+  type_tensor_lists(op.schema(), stack);
+  refuse_unsupported(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  // A graph runs under one set of settings, those its ops were called with:
+  // where the program changed them (torch.set_default_dtype, ...) with ops
+  // pending, those run first, under their own settings.
+  const ir::CallState state = ir::current_call_state();
+  if (state != pending_state()) {
+    if (ir::pending_op_count() > 0) sync_all();
+    pending_state() = state;
+  }
   if (op_info(op).eager) {
     eager_fallback(op, stack);
     return;

@@ -70,7 +70,10 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
       add(s.toLong());
     else if (s.isBoolean())
       add(s.toBool());
-    else
+    else if (s.isComplex()) {
+      add_ivalue(c10::IValue(s.toComplexDouble().real()));
+      add_ivalue(c10::IValue(s.toComplexDouble().imag()));
+    } else
       cacheable = false;
   } else if (v.isList()) {
     add(11);

@@ -19,6 +19,7 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   StateLock lock;
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
+  type_tensor_lists(schema, stack);
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
   check_same_device(op, args);
   if (schema.name() != "aten::_local_scalar_dense") counters().eager_fallbacks++;

@@ -4,6 +4,7 @@
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "engine/execution.h"
+#include "ir/call_state.h"
 #include "runtime/calibrate.h"
 #include "runtime/lanes.h"
 #include "runtime/sanitizer.h"
@@ -50,9 +51,35 @@ std::vector<capture::LazyBuffer*> collect() {
   return bufs;
 }
 
+// The bytes a version of a storage holds.
+size_t value_nbytes(const ir::Value& v) {
+  const auto& n = *v.node;
+  if (n.kind == ir::NodeKind::Data) return n.data.nbytes();
+  return v.index < static_cast<int>(n.outputs.size()) ? n.outputs[v.index].nbytes : 0;
+}
+
+// Why node i of `g` did not produce its outputs: its own error, or that of
+// the failed node it waited for.
+std::string lost_because(int i, const ir::Graph& g, const runtime::ExecResult& res) {
+  std::vector<int> todo{i};
+  std::vector<char> seen(g.size(), 0);
+  while (!todo.empty()) {
+    const int k = todo.back();
+    todo.pop_back();
+    if (seen[k]) continue;
+    seen[k] = 1;
+    auto m = res.messages.find(k);
+    if (m != res.messages.end()) return m->second;
+    for (int d : g.deps[k])
+      if (res.status[d] != runtime::Status::Ok) todo.push_back(d);
+  }
+  return res.first_message.empty() ? std::string("an earlier op failed") : res.first_message;
+}
+
 // The value a storage ends with when the node making it did not run: an
 // in-place write that failed leaves the storage as it was before the op
-// (when that earlier version survives); anything else becomes an error.
+// (when that earlier version survives and covers the storage); anything
+// else becomes an error naming the op that failed.
 ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& res) {
   while (true) {
     const int i = g.find(v.node.get());
@@ -66,14 +93,17 @@ ir::Value resolve(ir::Value v, const ir::Graph& g, const runtime::ExecResult& re
     // previous version: its own bytes when the node wrote a copy, the same
     // bytes when it was to write in place (a node fails before it writes,
     // or, as in eager, part-way). Either way the write happened once or
-    // not at all, and the storage stays readable.
+    // not at all, and the storage stays readable. A write that was to grow
+    // the storage (out= into a smaller tensor) leaves nothing readable at
+    // the tensor's new size: its value is lost.
     const auto& out = v.node->outputs[v.index];
-    if (out.mutated_operand >= 0) {
+    if (out.mutated_operand >= 0 && value_nbytes(v.node->operands[out.mutated_operand]) >= out.nbytes) {
       v = v.node->operands[out.mutated_operand];
       continue;
     }
-    std::string why = res.first_message.empty() ? std::string("an earlier op failed") : res.first_message;
-    return ir::Value{ir::make_error("this tensor's value was lost when an op failed: " + why, out.nbytes), 0};
+    return ir::Value{ir::make_error("mgpu: this tensor's value was lost when an op failed: " + lost_because(i, g, res),
+                                    out.nbytes),
+                     0};
   }
 }
 
@@ -558,6 +588,9 @@ void sync_all() {
   engine::Execution e;
   e.roots = engine::pending_roots();
   if (!e.roots.empty()) {
+    // The graph runs under the settings its ops were called with (one set
+    // per graph: capture::record_call cuts the graph where they change).
+    ir::CallStateGuard settings(e.roots.front().node->state);
     e.run();
     engine::bind(e);
   }
@@ -573,6 +606,9 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
   const auto& n = *b->value.node;
   switch (n.kind) {
     case ir::NodeKind::Data: {
+      // Views of the storage read up to its size: never hand out fewer bytes.
+      TORCH_CHECK(n.data.nbytes() >= mgpu_storage.nbytes(), "mgpu: a storage of ", mgpu_storage.nbytes(),
+                  " bytes holds a value of ", n.data.nbytes(), " bytes (internal error)");
       if (n.data.device().is_cpu()) return n.data;
       // Computed on a device: the host gets a copy, and the storage keeps
       // both (lanes on that device read the device bytes with no transfer).
@@ -586,7 +622,7 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
     }
     case ir::NodeKind::Empty: {
       // First read of an uninitialized storage: give it bytes for good.
-      b->value = ir::Value{ir::make_data(runtime::allocate(n.outputs[0].nbytes)), 0};
+      b->value = ir::Value{ir::make_data(runtime::allocate(std::max(n.outputs[0].nbytes, mgpu_storage.nbytes()))), 0};
       return b->value.node->data;
     }
     case ir::NodeKind::Error:

@@ -73,6 +73,10 @@ uint64_t hash_ivalue(const c10::IValue& v) {
   if (const auto* p = partition_of(v)) return hash_combine(0x1a, p->id);
   if (v.isScalar()) {
     auto s = v.toScalar();
+    if (s.isComplex()) {
+      auto c = s.toComplexDouble();
+      return hash_combine(hash_ivalue(c10::IValue(c.real())), hash_ivalue(c10::IValue(c.imag())));
+    }
     if (s.isFloatingPoint()) return hash_ivalue(c10::IValue(s.toDouble()));
     if (s.isBoolean()) return hash_ivalue(c10::IValue(s.toBool()));
     return hash_ivalue(c10::IValue(s.toLong()));

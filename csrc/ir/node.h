@@ -51,6 +51,37 @@ struct Arg {
   std::vector<std::optional<TensorRef>> tensors;
 };
 
+// The process-wide settings that a kernel reads when it runs, as they were
+// when the op was called: a node runs under its call's settings, not under
+// whatever the program set since (docs/ARCHITECTURE.md, "Call state").
+// Thread-local state (grad mode, autocast) needs no copy here: nodes run
+// below autograd and autocast, whose work happened at the call.
+struct CallState {
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  bool deterministic = false;            // torch.use_deterministic_algorithms
+  bool deterministic_warn_only = false;
+  bool fill_uninitialized = true;        // torch.utils.deterministic.fill_uninitialized_memory
+  int8_t matmul_precision = 0;           // torch.set_float32_matmul_precision (at::Float32MatmulPrecision)
+  bool operator==(const CallState& o) const {
+    return default_dtype == o.default_dtype && deterministic == o.deterministic &&
+        deterministic_warn_only == o.deterministic_warn_only && fill_uninitialized == o.fill_uninitialized &&
+        matmul_precision == o.matmul_precision;
+  }
+  bool operator!=(const CallState& o) const { return !(*this == o); }
+};
+
+// A tensor argument the op writes: `arg` is the argument's position,
+// `element` its place in a tensor list (-1 for a plain tensor), `after` the
+// geometry the mgpu tensor has after the call (Meta's: out= resizes it,
+// resize_ and as_strided_ re-shape it). A kernel on a lane may leave its
+// view another layout (a CPU out= kernel keeps its input's strides where
+// Meta made them contiguous): the executor moves the bytes into `after`.
+struct Written {
+  int arg = 0;
+  int element = -1;
+  TensorGeometry after;
+};
+
 enum class NodeKind : uint8_t {
   Op,    // an ATen op to run
   Data,  // bytes already materialized (output 0 is `data`)
@@ -102,6 +133,11 @@ struct Node {
   // Ops that draw from a global generator with no Generator argument run
   // with this seed, so that results do not depend on the schedule.
   std::optional<uint64_t> seed;
+  CallState state;     // Op nodes: the settings at the call
+  std::vector<Written> written;  // Op nodes: the tensor arguments the op writes
+  // Op nodes: where the op was called ("model.py:12"; interned), or empty
+  // where no caller location is known (C++ programs): errors name it.
+  std::string_view where;
   uint64_t id = 0;     // creation order: stable names in printouts
 
   Node();

@@ -7,6 +7,7 @@
 #include "capture/state_lock.h"
 #include "engine/engine.h"
 #include "ir/partition.h"
+#include "python/caller.h"
 #include "runtime/faults.h"
 #include "runtime/sanitizer.h"
 #include "runtime/lanes.h"
@@ -129,6 +130,9 @@ PYBIND11_MODULE(_C, m) {
   // Every call that reaches the engine lets go of the GIL while it runs
   // (results are converted to Python objects after it is taken back).
   using nogil = py::call_guard<py::gil_scoped_release>;
+  // Errors raised at a sync name the Python line that recorded the op;
+  // frames in these directories (torch's, torch_mgpu's) are passed over.
+  m.def("_install_caller", &torch_mgpu::python::install_caller);
   m.def("synchronize", &torch_mgpu::synchronize, nogil());
   m.def("pending_ops", &torch_mgpu::pending_ops, nogil());
   m.def("stats", &torch_mgpu::stats, nogil());
@@ -220,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_value_view", [](const at::Tensor& t, const std::string& device) {
     return torch_mgpu::capture::value_view(t, c10::Device(device));
   }, nogil());
-  m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1);
+  m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1, py::arg("only") = "");
   m.def("_faults_fired", &torch_mgpu::runtime::faults_fired);
   m.def("_stream_sanitizer_start", &torch_mgpu::engine::start_stream_sanitizer, nogil());
   m.def("_stream_sanitizer_stop", &torch_mgpu::engine::stop_stream_sanitizer, nogil());

@@ -70,6 +70,19 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// Error `e` of node `n`, with the node named in its message (a c10::Error
+// keeps its Python class: IndexError stays an IndexError).
+std::exception_ptr with_node_context(const ir::Node& n, std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (c10::Error& err) {
+    err.add_context("mgpu: raised by " + describe_node(n) + " when the pending graph ran");
+    return std::current_exception();
+  } catch (...) {
+    return e;
+  }
+}
+
 // A c10::Error carrying `msg`, as an exception_ptr.
 std::exception_ptr error_with(const std::string& msg) {
   try {
@@ -81,6 +94,12 @@ std::exception_ptr error_with(const std::string& msg) {
 }
 
 } // namespace
+
+std::string describe_node(const ir::Node& n) {
+  std::string s = std::string(n.name) + " (op #" + std::to_string(n.id);
+  if (!n.where.empty()) s += ", called at " + std::string(n.where);
+  return s + ")";
+}
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
                                    const std::vector<bool>& reuse, const Place& place) {
@@ -99,14 +118,17 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   // out so that no tensor outlives the call.
   thread_local torch::jit::Stack stack;
   thread_local std::vector<at::Tensor> returned;
+  thread_local std::vector<at::Tensor> written;  // the views the op writes, as passed to it
   struct Clear {
     ~Clear() {
       stack.clear();
       returned.clear();
+      written.clear();
     }
   } clear_on_exit;
   stack.clear();
   returned.clear();
+  written.clear();
   for (const auto& a : n.args) {
     switch (a.kind) {
       case ir::Arg::Kind::Constant:
@@ -130,9 +152,16 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       }
     }
   }
+  for (const auto& w : n.written) {
+    const c10::IValue& v = stack[w.arg];
+    written.push_back(w.element < 0 ? v.toTensor() : v.toTensorList().get(w.element));
+  }
   {
     RECORD_FUNCTION("mgpu::" + std::string(n.name), std::vector<c10::IValue>());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Autocast did its casts when the op was recorded; the lane's thread
+    // carries the syncing thread's autocast state, which must not apply again.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
       // the op runs, since the op locks it to draw.
@@ -158,6 +187,33 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     } else {
       n.op->callBoxed(&stack);
     }
+  }
+  // Written arguments end with the geometry the mgpu tensors took at the
+  // call (Meta's). A CPU kernel that resized its out= argument may have
+  // given it another layout (kept its input's strides): its values are moved
+  // into the recorded geometry, so that the bytes mean what the mgpu tensor
+  // says they mean.
+  for (size_t k = 0; k < n.written.size(); ++k) {
+    const at::Tensor& t = written[k];
+    const auto& want = n.written[k].after;
+    if (same_geometry(t, want)) continue;
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(want.sizes) && t.scalar_type() == want.dtype, "mgpu: ", n.name,
+                " left its output with shape ", t.sizes(), " and dtype ", t.scalar_type(),
+                " where its Meta kernel promised ", c10::IntArrayRef(want.sizes), " and ", want.dtype);
+    const auto& a = n.args[n.written[k].arg];
+    const auto& ref = a.tensors[n.written[k].element < 0 ? 0 : n.written[k].element];
+    TORCH_INTERNAL_ASSERT(ref.has_value(), "mgpu: a written argument of ", n.name, " has no tensor");
+    at::Tensor values = t.clone();
+    c10::Storage& bytes = operands[ref->operand];
+    const size_t need = (at::detail::computeStorageNbytes(want.sizes, want.strides, c10::elementSize(want.dtype)) +
+                         static_cast<size_t>(want.offset) * c10::elementSize(want.dtype));
+    if (bytes.nbytes() < need) {
+      c10::Storage grown = allocate(need, place.device);
+      if (bytes.nbytes()) view(grown, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0})
+                              .copy_(view(bytes, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0}));
+      bytes = grown;
+    }
+    view(bytes, want).copy_(values);
   }
   // Flatten the returned tensors.
   for (const auto& v : stack) {
@@ -288,11 +344,20 @@ struct Run {
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 
+  // Node i failed (its own work: Failed) or could not run (an input was
+  // lost: Skipped, with the lost value's error when it came from outside
+  // the graph). A node's own error names it.
   void fail(int i, Status s, std::exception_ptr e, const std::string& msg) {
     res.status[i] = s;
+    std::string m = msg;
+    if (s == Status::Failed && e) {
+      e = with_node_context(*g.nodes[i], e);
+      m = msg + " (raised by " + describe_node(*g.nodes[i]) + ")";
+    }
+    if (!m.empty()) res.messages[i] = m;
     if (e && !res.first_error) {
       res.first_error = e;
-      res.first_message = msg;
+      res.first_message = m;
     }
   }
 
@@ -712,6 +777,7 @@ ExecResult::ExecResult(ExecResult&& o) noexcept
       timing(std::move(o.timing)),
       first_error(std::move(o.first_error)),
       first_message(std::move(o.first_message)),
+      messages(std::move(o.messages)),
       makespan(o.makespan),
       started(o.started) {}
 
@@ -723,6 +789,7 @@ ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
     timing = std::move(o.timing);
     first_error = std::move(o.first_error);
     first_message = std::move(o.first_message);
+    messages = std::move(o.messages);
     makespan = o.makespan;
     started = o.started;
   }

@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <exception>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch_mgpu::runtime {
@@ -32,6 +34,8 @@ struct ExecResult {
   std::vector<NodeTiming> timing;
   std::exception_ptr first_error;
   std::string first_message;
+  // Failed nodes: each one's own error message (its op and caller named).
+  std::unordered_map<int, std::string> messages;
   double makespan = 0;
   std::chrono::steady_clock::time_point started;  // timing[i] counts from here
 
@@ -51,6 +55,10 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
 
 // A CPU tensor over `storage` (CPU bytes) with `geom`.
 at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom);
+
+// Where node `n` came from, for error messages: "aten::median.dim_values
+// (op #12, called at model.py:3)".
+std::string describe_node(const ir::Node& n);
 
 // Runs one node at `place` (its device, with its stream current). Operand
 // bytes are on that device; `reuse[k]` lets the node write operand k in

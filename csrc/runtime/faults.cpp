@@ -5,6 +5,8 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
+#include <string>
 
 namespace torch_mgpu::runtime {
 
@@ -15,6 +17,10 @@ constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_
 struct Faults {
   std::array<std::atomic<int64_t>, kPoints> countdown{};  // 0: disarmed
   std::array<std::atomic<int64_t>, kPoints> fired{};
+  // Occurrences counted only where `what` equals this (empty: all). Read
+  // only while the point is armed.
+  std::mutex m;
+  std::array<std::string, kPoints> only;
   Faults() {
     // TORCH_MGPU_FAULT=point:n
     if (const char* e = std::getenv("TORCH_MGPU_FAULT")) {
@@ -38,18 +44,28 @@ Faults& faults() {
 }
 } // namespace
 
-void inject_fault(const std::string& point, int64_t n) {
+void inject_fault(const std::string& point, int64_t n, const std::string& only) {
   TORCH_CHECK(n >= 0, "torch_mgpu: a fault's occurrence must be >= 0, got ", n);
-  faults().countdown[Faults::index(point)].store(n);
+  const int k = Faults::index(point);
+  {
+    std::lock_guard<std::mutex> lock(faults().m);
+    faults().only[k] = only;
+  }
+  faults().countdown[k].store(n);
 }
 
 int64_t faults_fired(const std::string& point) { return faults().fired[Faults::index(point)].load(); }
 
 namespace {
 // Counts an occurrence of `point`: true when it is the armed one.
-bool due(int k) {
+bool due(int k, std::string_view what = {}) {
   auto& c = faults().countdown[k];
   int64_t left = c.load(std::memory_order_relaxed);
+  if (left <= 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(faults().m);
+    if (!faults().only[k].empty() && faults().only[k] != what) return false;
+  }
   while (left > 0) {
     if (c.compare_exchange_weak(left, left - 1)) {
       if (left != 1) return false;
@@ -63,7 +79,7 @@ bool due(int k) {
 
 void fault_point(FaultPoint point, std::string_view what) {
   const int k = static_cast<int>(point);
-  if (due(k)) TORCH_CHECK(false, "mgpu: injected fault (", kNames[k], what.empty() ? "" : ": ", what, ")");
+  if (due(k, what)) TORCH_CHECK(false, "mgpu: injected fault (", kNames[k], what.empty() ? "" : ": ", what, ")");
 }
 
 bool fault_drops(FaultPoint point) { return due(static_cast<int>(point)); }

@@ -22,8 +22,9 @@ namespace torch_mgpu::runtime {
 enum class FaultPoint : int { Node, Transfer, EventWait, StreamSync, DropEventWait, DropRecordUse, Count };
 
 // Arms `point` to throw at its n-th occurrence from now (n >= 1); n = 0
-// disarms it. Unknown names raise.
-void inject_fault(const std::string& point, int64_t n);
+// disarms it. Where `only` is given, only occurrences at that node or value
+// count ("aten::sin.default": the n-th node of that op). Unknown names raise.
+void inject_fault(const std::string& point, int64_t n, const std::string& only = "");
 // Occurrences of `point` that threw since start-up.
 int64_t faults_fired(const std::string& point);
 // Throws c10::Error "mgpu: injected fault (<point>[: <what>])" when armed

@@ -1,0 +1,27 @@
+#pragma once
+// The process-wide settings a kernel reads (CallState, node.h): read now, and
+// put in place for the length of an execution.
+#include "ir/node.h"
+
+namespace torch_mgpu::ir {
+
+// The settings as they are now.
+CallState current_call_state();
+
+// Puts `state` in place where it differs from the current settings, and
+// restores them when destroyed. The settings are process-wide: the guard is
+// for the thread that runs a graph while the program waits for it (a sync),
+// never for a background flight, which runs while the program goes on.
+class CallStateGuard {
+public:
+  explicit CallStateGuard(const CallState& state);
+  ~CallStateGuard();
+  CallStateGuard(const CallStateGuard&) = delete;
+  CallStateGuard& operator=(const CallStateGuard&) = delete;
+
+private:
+  CallState saved_;
+  bool changed_ = false;
+};
+
+} // namespace torch_mgpu::ir

@@ -1,0 +1,99 @@
+// The Python caller of a recorded op, for errors raised at a sync: the
+// innermost Python frame outside torch's and torch_mgpu's own files (a
+// user's line, not nn/functional.py), as an interned "file.py:12".
+#include "python/caller.h"
+
+#include "capture/caller.h"
+#include "ir/node.h"
+
+#include <Python.h>
+#include <frameobject.h>
+
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torch_mgpu::python {
+namespace {
+
+// Guarded by the GIL.
+struct Callers {
+  std::vector<std::string> internal_dirs;                     // torch's and torch_mgpu's packages
+  std::unordered_map<PyCodeObject*, bool> internal;           // by code object
+  std::unordered_map<uint64_t, std::string_view> locations;   // by (code object, line)
+};
+Callers& callers() {
+  static auto* c = new Callers();  // leaked: read until the process ends
+  return *c;
+}
+
+bool is_internal(Callers& c, PyCodeObject* code) {
+  auto it = c.internal.find(code);
+  if (it != c.internal.end()) return it->second;
+  bool inside = false;
+  if (const char* file = PyUnicode_AsUTF8(code->co_filename)) {
+    for (const auto& d : c.internal_dirs) inside = inside || std::string(file).rfind(d, 0) == 0;
+  } else {
+    PyErr_Clear();
+  }
+  if (c.internal.size() > 100000) c.internal.clear();
+  c.internal.emplace(code, inside);
+  return inside;
+}
+
+std::string_view location(Callers& c, PyCodeObject* code, int line) {
+  const uint64_t key = reinterpret_cast<uintptr_t>(code) * 1000003u ^ static_cast<uint64_t>(line);
+  auto it = c.locations.find(key);
+  if (it != c.locations.end()) return it->second;
+  std::string where = "?";
+  if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
+  else PyErr_Clear();
+  where += ":" + std::to_string(line);
+  if (c.locations.size() > 100000) c.locations.clear();
+  return c.locations.emplace(key, ir::intern(where)).first->second;
+}
+
+std::string_view python_caller() {
+  // Threads that never ran Python (lanes, a C++ program's own threads)
+  // have no caller to name.
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return {};
+  PyGILState_STATE gil = PyGILState_Ensure();
+  std::string_view where;
+  Callers& c = callers();
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  PyFrameObject* outermost_internal = nullptr;
+  for (int depth = 0; frame && depth < 32 && where.empty(); ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    if (!is_internal(c, code)) where = location(c, code, PyFrame_GetLineNumber(frame));
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    if (where.empty() && !back) {
+      Py_XDECREF(outermost_internal);
+      outermost_internal = frame;  // all frames internal: name the outermost
+      frame = nullptr;
+      break;
+    }
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (where.empty() && outermost_internal) {
+    PyCodeObject* code = PyFrame_GetCode(outermost_internal);
+    where = location(c, code, PyFrame_GetLineNumber(outermost_internal));
+    Py_DECREF(code);
+  }
+  Py_XDECREF(outermost_internal);
+  PyGILState_Release(gil);
+  return where;
+}
+
+} // namespace
+
+void install_caller(std::vector<std::string> internal_dirs) {
+  callers().internal_dirs = std::move(internal_dirs);
+  capture::set_caller_provider(&python_caller);
+}
+
+} // namespace torch_mgpu::python
