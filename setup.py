@@ -56,6 +56,7 @@ setup(
     version="0.1.0",
     description="Lazy mgpu device for PyTorch: records ops, runs independent branches in parallel",
     packages=["torch_mgpu"],
+    py_modules=["torch_mgpu_autoload"],
     package_data={"torch_mgpu": ["*.so"]},
     ext_modules=[CMakeExtension("torch_mgpu._C")],
     cmdclass={"build_ext": CMakeBuild},
@@ -63,6 +64,6 @@ setup(
     entry_points={
         "torch_dynamo_backends": ["mgpu = torch_mgpu.compile:mgpu_backend"],
         # `import torch` loads the device (TORCH_DEVICE_BACKEND_AUTOLOAD=0: not).
-        "torch.backends": ["torch_mgpu = torch_mgpu._autoload:load"],
+        "torch.backends": ["torch_mgpu = torch_mgpu_autoload:load"],
     },
 )

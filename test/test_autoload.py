@@ -54,3 +54,18 @@ def test_importing_torch_mgpu_first():
               "print(torch.randn(2, device='mgpu').device, torch_mgpu.lanes() != [])\n")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["mgpu:0", "True"], out.stdout
+
+
+def test_a_broken_torch_mgpu_never_stops_import_torch(tmp_path):
+    # A source checkout without its built library, run from inside it,
+    # shadows the installed package: torch imports, warns why and what to do.
+    pkg = tmp_path / "torch_mgpu"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('torch_mgpu._C is not built')\n")
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONWARNINGS="default"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["2.0"]
+    assert "torch_mgpu could not be loaded" in out.stderr and "torch_mgpu._C is not built" in out.stderr
+    assert str(pkg) in out.stderr and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in out.stderr

@@ -95,6 +95,8 @@ struct Call {
   std::vector<std::pair<int, int>> mutated_at;  // their (argument, list element or -1)
   std::vector<at::Tensor> mutated_meta;       // their Meta twins
   int arg = 0, element = -1;  // where to_meta's tensor sits in the call
+  std::vector<const c10::TensorImpl*> seen;  // mgpu tensors met so far, and their twins
+  std::vector<at::Tensor> seen_twins;
   SignatureKey key;
   c10::DeviceIndex device = 0;
   bool cpu_as_meta = false;  // copies take a whole CPU tensor as their source
@@ -137,12 +139,22 @@ struct Call {
     key.add(i);
     key.add(static_cast<int64_t>(storages[i].nbytes()));
     key.add_geometry(g);
+    // The same tensor passed twice (`c[idx] = c`) is one twin: kernels tell
+    // it from an equal view (eager refuses an index_put_ from itself).
+    int same = -1;
+    for (size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] == t.unsafeGetTensorImpl()) same = static_cast<int>(k);
+    if (same < 0) seen.push_back(t.unsafeGetTensorImpl());
+    key.add(same);
     if (mutated) {
       mutated_slots.push_back(t);
       mutated_at.emplace_back(arg, element);
     }
     if (!build_meta) return t;
-    auto m = cpu_twins ? ir::make_view(meta[i], c10::DispatchKey::CPU, g) : meta_view(meta[i], g);
+    at::Tensor m;
+    if (same >= 0) m = seen_twins[same];
+    else m = cpu_twins ? ir::make_view(meta[i], c10::DispatchKey::CPU, g) : meta_view(meta[i], g);
+    if (same < 0) seen_twins.push_back(m);
     if (mutated) mutated_meta.push_back(m);
     return m;
   }
@@ -313,32 +325,103 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
 // to the sync, where the real data decides. Large calls are not probed
 // (their dtype errors surface at the sync point, naming the op). Ops that
 // draw random numbers are not probed: the probe must not move a generator.
-at::Tensor zeros_like_on_cpu(const at::Tensor& t) {
-  if (!is_mgpu(t)) return t;
-  return at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
-}
-at::Tensor ones_like_on_cpu(const at::Tensor& t) {
-  if (!is_mgpu(t)) return t;
-  return at::ones(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
-}
-
 int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
   int64_t n = 0;
   for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { n += t.numel(); });
   return n;
 }
 
-// Runs the call on CPU over `fill`'s tensors in place of the mgpu ones.
-void probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, at::Tensor (*fill)(const at::Tensor&)) {
+// Bytes of the distinct mgpu storages the call touches.
+size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
+  std::vector<const c10::StorageImpl*> seen;
+  size_t n = 0;
+  for (const auto& v : args)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!is_mgpu(t)) return;
+      const auto* impl = t.storage().unsafeGetStorageImpl();
+      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) return;
+      seen.push_back(impl);
+      n += impl->nbytes();
+    });
+  return n;
+}
+
+// Runs the call on CPU over zeros (or ones) in place of the mgpu tensors.
+// Each mgpu storage becomes one CPU storage (when they are small), so that
+// views that share bytes share them here too and the kernel's overlap
+// checks see what eager's would (`c[idx] = c` on a column of a matrix).
+torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones) {
+  constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
-  for (const auto& v : args) {
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) s.emplace_back(c10::Device(c10::kCPU));
-    else s.push_back(map_tensors(v, fill));
+  std::vector<at::Tensor> filled;  // the tensors standing for mgpu ones
+  if (storage_bytes(args) <= kMaxAliasedBytes) {
+    Call twins;
+    twins.build_meta = true;
+    twins.cpu_twins = true;
+    s = meta_arguments(op.schema(), args, twins);
+    for (const auto& v : s)
+      for_each_tensor(v, [&](const at::Tensor& t) {
+        for (const auto& m : twins.meta)
+          if (t.storage().unsafeGetStorageImpl() == m.unsafeGetStorageImpl()) filled.push_back(t);
+      });
+  } else {
+    for (const auto& v : args) {
+      if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        s.emplace_back(c10::Device(c10::kCPU));
+        continue;
+      }
+      s.push_back(map_tensors(v, [&](const at::Tensor& t) {
+        if (!is_mgpu(t)) return t;
+        at::Tensor z = at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+        filled.push_back(z);
+        return z;
+      }));
+    }
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+  // The first run's warnings are the call's (a uint8 mask's deprecation):
+  // eager gives them at the call. The second run's would repeat them.
+  std::optional<c10::WarningUtils::WarningHandlerGuard> quiet;
+  if (ones) quiet.emplace(&silent_warnings());
+  if (ones)
+    for (auto& t : filled) {
+      try {
+        t.fill_(1);
+      } catch (const c10::Error&) {
+        // An expanded view (stride 0) cannot be filled; its storage is, by
+        // another view of it or not at all.
+      }
+    }
   op.callBoxed(&s);
+  return s;
+}
+
+// Where a Meta kernel promises another dtype than the CPU kernel gives
+// (PyTorch's Python Meta kernel for `bool_tensor ** False` says int64, CPU
+// gives bool), the fresh result takes the CPU kernel's dtype, so that the
+// mgpu tensor has eager's dtype and the kernel's bytes need no cast.
+void take_cpu_dtypes(const torch::jit::Stack& cpu, MetaResult& r) {
+  std::vector<at::Tensor> flat;
+  for (const auto& v : cpu) {
+    if (v.isTensor()) flat.push_back(v.toTensor());
+    else if (v.isTensorList())
+      for (const auto& t : v.toTensorList()) flat.push_back(t);
+    else
+      return;  // not one tensor per Meta result: leave Meta's
+  }
+  if (flat.size() != r.tensors.size()) return;
+  for (size_t k = 0; k < flat.size(); ++k) {
+    const auto& t = flat[k];
+    auto& m = r.tensors[k];
+    if (!t.defined() || !m.defined || m.alias >= 0 || t.scalar_type() == m.geom.dtype ||
+        t.sizes() != c10::IntArrayRef(m.geom.sizes))
+      continue;
+    const size_t item = c10::elementSize(t.scalar_type());
+    m.geom.dtype = t.scalar_type();
+    m.nbytes = at::detail::computeStorageNbytes(m.geom.sizes, m.geom.strides, item) +
+        static_cast<size_t>(m.geom.offset) * item;
+  }
 }
 
 // Factorizations and solves refuse singular matrices, which zeros and ones
@@ -348,7 +431,7 @@ bool refuses_singular(const std::string& name) {
       name.rfind("aten::inverse", 0) == 0 || name.rfind("aten::lu", 0) == 0 || name.rfind("aten::_lu", 0) == 0;
 }
 
-void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
   // Only ATen's own kernels: a custom op's kernel may be any code (a
@@ -357,7 +440,11 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
   if (input_numel(args) > kMaxProbeNumel) return;
   try {
-    probe_call(op, args, zeros_like_on_cpu);
+    // Tensor results only, one per MetaResult tensor, in order.
+    bool plain = true;
+    for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
+    auto results = probe_call(op, args, /*ones=*/false);
+    if (plain) take_cpu_dtypes(results, meta);
   } catch (const c10::LinAlgError&) {
   } catch (const c10::Error& e) {
     const std::string msg = e.what_without_backtrace();
@@ -365,7 +452,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     if (refuses_singular(schema.name())) return;
     std::exception_ptr on_zeros = std::current_exception();
     try {
-      probe_call(op, args, ones_like_on_cpu);
+      probe_call(op, args, /*ones=*/true);
     } catch (const c10::Error&) {
       std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
     } catch (const std::exception&) {
@@ -514,7 +601,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
       probed = true;
     }
-    if (!probed) probe_errors(op, args);
+    if (!probed) probe_errors(op, args, fresh);
     if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;

@@ -30,8 +30,13 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::unordered_map<c10::StorageImpl*, c10::Storage> mgpu_of;  // cpu impl -> mgpu storage
   std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (mgpu, cpu) tensor slots
   c10::DeviceIndex device = 0;
+  // The same tensor passed twice is one CPU tensor: kernels tell it from an
+  // equal view (eager refuses `c[idx] = c`).
+  std::unordered_map<c10::TensorImpl*, at::Tensor> same;
   auto to_cpu = [&](const at::Tensor& t, bool write) -> at::Tensor {
     if (!is_mgpu(t)) return t;
+    auto seen = same.find(t.unsafeGetTensorImpl());
+    if (seen != same.end()) return seen->second;
     device = t.device().index();
     auto* impl = t.storage().unsafeGetStorageImpl();
     auto it = cpu_of.find(impl);
@@ -47,6 +52,7 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     at::Tensor c = runtime::cpu_view(it->second, geometry_of(t));
     if (write) written.emplace_back(t, c);
+    same.emplace(t.unsafeGetTensorImpl(), c);
     return c;
   };
   // Written storages first, so that reads of the same storage see the copy.
