@@ -478,6 +478,23 @@ void saves_nothing_in_eval(const c10::FunctionSchema& schema, c10::ArrayRef<c10:
   }
 }
 
+// eager restrides an out= tensor only when it resizes it; an out= tensor of
+// the right size keeps its layout, and the kernel writes through it (a
+// structured kernel computes into a contiguous proxy and copies back). Some
+// Meta kernels restride it anyway (sort into `empty(12)[::2]` comes back
+// contiguous): the tensor keeps its own layout, as in eager. In-place ops
+// (`transpose_`, `as_strided_`) are not out= arguments: Meta's geometry
+// stands.
+void keep_out_layouts(const c10::FunctionSchema& schema, const Call& call, MetaResult& r) {
+  for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k) {
+    const auto& a = schema.arguments()[call.mutated_at[k].first];
+    if (!a.is_out()) continue;
+    const auto before = geometry_of(call.mutated_slots[k]);
+    auto& after = r.mutated_geom[k];
+    if (after.sizes == before.sizes && after.dtype == before.dtype && after != before) after = before;
+  }
+}
+
 bool is_empty_factory(const c10::OperatorHandle& op) {
   const auto& n = op.schema().operator_name();
   return n.name == "aten::empty_strided" || (n.name == "aten::empty" && n.overload_name == "memory_format");
@@ -603,6 +620,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     }
     if (!probed) probe_errors(op, args, fresh);
     if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
+    keep_out_layouts(schema, full, fresh);
     if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }

@@ -1,0 +1,148 @@
+"""Divergences from eager found by PyTorch's device-generic tests and by a
+differential fuzzer, each compared with eager CPU on random inputs: output
+layouts (a kernel that keeps its input's strides where Meta promised
+contiguous ones), out= tensors that are views, result dtypes, complex
+scalars, quantized tensors, batch norm's eval outputs, overlap checks,
+TorchScript, deprecation warnings at the call."""
+import warnings
+
+import pytest
+import torch
+
+import torch_mgpu
+from conftest import assert_same
+
+
+UNARY = [torch.abs, torch.neg, torch.sin, torch.exp, lambda x: torch.sqrt(x.abs()), torch.sign, torch.floor, torch.logical_not,
+         torch.sigmoid, torch.relu, lambda x: torch.clamp(x, -0.5, 0.5), lambda x: x.pow(2), torch.isnan]
+BINARY = [torch.add, torch.mul, torch.sub, torch.logical_and, torch.maximum, torch.atan2, torch.eq,
+          lambda a, b: torch.where(a > 0, a, b)]
+
+
+@pytest.mark.parametrize("fn", UNARY, ids=lambda f: getattr(f, "__name__", "lambda"))
+@pytest.mark.parametrize("layout", ["transposed", "strided", "expanded"])
+def test_unary_results_land_where_the_tensor_says(fn, layout):
+    x = torch.randn(3, 4)
+    if layout == "transposed":
+        x = x.t()
+    elif layout == "strided":
+        x = torch.randn(6, 8)[::2, ::2]
+    else:
+        x = torch.randn(3, 1).expand(3, 4)
+    assert_same(fn(x.to("mgpu")), fn(x))
+
+
+@pytest.mark.parametrize("fn", BINARY, ids=lambda f: getattr(f, "__name__", "lambda"))
+def test_binary_results_of_transposed_inputs(fn):
+    a, b = torch.randn(4, 3).t(), torch.randn(3, 4)
+    assert_same(fn(a.to("mgpu"), b.to("mgpu")), fn(a, b))
+    assert_same(fn(a.to("mgpu"), a.to("mgpu")), fn(a, a))
+
+
+def test_out_into_wrong_size_keeps_eagers_values():
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager warns that it resizes a non-empty out
+        o = torch.empty(5)
+        torch.neg(x.t(), out=o)
+        om = torch.empty(5, device="mgpu")
+        torch.neg(x.to("mgpu").t(), out=om)
+    assert torch.equal(om.cpu(), o)
+    for fn in (torch.abs, torch.neg, torch.exp):
+        o = torch.empty(0)
+        fn(x.t(), out=o)
+        om = torch.empty(0, device="mgpu")
+        fn(x.to("mgpu").t(), out=om)
+        assert torch.equal(om.cpu(), o), fn
+
+
+def test_sort_into_strided_out_views():
+    t = torch.randn(6)
+    v, i = torch.empty(12)[::2], torch.empty(12, dtype=torch.long)[::2]
+    torch.sort(t, out=(v, i))
+    vm = torch.empty(12, device="mgpu")[::2]
+    im = torch.empty(12, dtype=torch.long, device="mgpu")[::2]
+    torch.sort(t.to("mgpu"), out=(vm, im))
+    assert torch.equal(vm.cpu(), v) and torch.equal(im.cpu(), i)
+    # and the bytes between the views' elements are not touched
+    base = torch.randn(12)
+    bm = base.to("mgpu")
+    torch.sort(t.to("mgpu"), out=(bm[::2], im))
+    assert torch.equal(bm.cpu()[1::2], base[1::2])
+
+
+def test_result_dtypes_where_meta_disagrees_with_cpu():
+    b = torch.tensor([True, False, True])
+    assert_same(b.to("mgpu") ** False, b ** False)
+    assert_same(b.to("mgpu") ** True, b ** True)
+
+
+def test_complex_scalars():
+    z = torch.zeros(3, dtype=torch.complex64)
+    zm = z.to("mgpu")
+    mask = torch.tensor([True, False, True])
+    z[mask] = 1 + 2j
+    zm[mask.to("mgpu")] = 1 + 2j
+    assert_same(zm, z)
+    assert_same(torch.full((2,), 1j, device="mgpu"), torch.full((2,), 1j))
+    assert_same(zm.fill_(3 - 1j), z.fill_(3 - 1j))
+    assert_same(zm * (2 + 0.5j), z * (2 + 0.5j))
+
+
+def test_quantized_tensors_are_refused_at_the_call():
+    x = torch.randn(4, device="mgpu")
+    with pytest.raises(NotImplementedError, match="quantized tensors are not supported.*quantize_per_tensor"):
+        torch.quantize_per_tensor(x, 0.1, 0, torch.quint8)
+    assert torch_mgpu.pending_ops() == 0 or torch.equal(x.cpu(), x.cpu())
+
+
+@pytest.mark.parametrize("op", ["native_batch_norm", "_native_batch_norm_legit"])
+def test_batch_norm_in_eval_saves_nothing_as_eager(op):
+    x, w, b, rm, rv = torch.randn(2, 3, 4), torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+    fn = getattr(torch.ops.aten, op)
+    want = fn(x, w, b, rm, rv, False, 0.1, 1e-5)
+    got = fn(*(t.to("mgpu") for t in (x, w, b, rm, rv)), False, 0.1, 1e-5)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape
+        assert_same(g, e)
+
+
+def test_index_put_of_a_tensor_into_itself_is_refused_as_in_eager():
+    for device in ("cpu", "mgpu"):
+        x = torch.randn(3, 3, device=device)
+        c = x[:, 1]
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            c[torch.tensor([0, 2, 1])] = c
+    torch_mgpu.synchronize()
+
+
+def test_index_fill_takes_host_indices_as_indexing_does():
+    x = torch.randn(4, 3)
+    idx = torch.tensor([0, 2])
+    assert_same(x.to("mgpu").index_fill(0, idx, 7.5), x.index_fill(0, idx, 7.5))
+    assert_same(x.to("mgpu").index_fill(1, idx.to("mgpu"), -1.0), x.index_fill(1, idx, -1.0))
+
+
+def test_uint8_mask_deprecation_warned_at_the_call():
+    for device in ("cpu", "mgpu"):
+        x = torch.randn(4, device=device)
+        m = torch.tensor([1, 0, 1, 0], dtype=torch.uint8)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            x.index_put_((m,), torch.tensor([5.0, 6.0], device=device))
+        assert any("uint8 is now deprecated" in str(e.message) for e in w), device
+    torch_mgpu.synchronize()
+
+
+@torch.jit.script
+def _masked_fill_script(x, m):
+    x[m] = 1.0
+    return x
+
+
+def test_torchscript_masked_assignment():
+    x = torch.randn(5)
+    m = torch.rand(5) > 0.5
+    want = _masked_fill_script(x.clone(), m)
+    got = _masked_fill_script(x.to("mgpu"), m.to("mgpu"))
+    assert_same(got, want)
