@@ -8,6 +8,7 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py                  # every op (minutes)
     python test/opinfo_harness.py --every 6        # a bounded subset (CI)
     python test/opinfo_harness.py --ops add,mm     # named ops
+    python test/opinfo_harness.py --noncontiguous  # each sample's tensors as non-contiguous views
 
 Ops run in worker processes: a crash or hang is recorded against the op that
 caused it and a new worker takes the next op.
@@ -37,7 +38,7 @@ def op_key(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def worker(names):
+def worker(names, noncontiguous=False):
     import torch
     import torch_mgpu  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
@@ -59,6 +60,10 @@ def worker(names):
             continue
         for sample in samples:
             res["samples"] += 1
+            if noncontiguous:
+                # The same values through strided views (OpInfo's own
+                # transform), for eager and for mgpu alike.
+                sample = sample.noncontiguous()
             torch.manual_seed(0)
             try:
                 expected = op(sample.input, *sample.args, **sample.kwargs)
@@ -125,7 +130,7 @@ def all_keys():
     return [l for l in out.splitlines() if l]
 
 
-def drive(keys, timeout):
+def drive(keys, timeout, noncontiguous=False):
     """Runs `keys` in workers; a worker that dies or stalls is charged to its
     current op and replaced by a new worker for the remaining ops."""
     import queue
@@ -134,7 +139,8 @@ def drive(keys, timeout):
     results = {}
     todo = list(keys)
     while todo:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)],
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)]
+                                + (["--noncontiguous"] if noncontiguous else []),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines = queue.Queue()
 
@@ -175,12 +181,13 @@ def drive(keys, timeout):
     return results
 
 
-def summarize(results, report):
+def summarize(results, report, noncontiguous=False):
     ran = [r for r in results.values() if not r.get("skipped") and r["samples"] > r["cpu_error"]]
     passed = [r for r in ran if r["pass"] == r["samples"] - r["cpu_error"] and not r.get("crash")]
     crashes = [r for r in results.values() if r.get("crash")]
     with open(report, "w") as f:
-        f.write(f"# mgpu OpInfo conformance: {len(passed)}/{len(ran)} ops pass all float32 samples "
+        f.write(f"# mgpu OpInfo conformance{' (non-contiguous inputs)' if noncontiguous else ''}: "
+                f"{len(passed)}/{len(ran)} ops pass all float32 samples "
                 f"({100.0 * len(passed) / max(1, len(ran)):.1f}%), {len(crashes)} crashed or hung\n")
         f.write("# op samples pass mismatch error cpu_error crash first_failure\n")
         for k in sorted(results):
@@ -201,9 +208,10 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds without progress = hang")
     ap.add_argument("--report", default=os.path.join(HERE, "opinfo_report.txt"))
     ap.add_argument("--min-pass-rate", type=float, default=0.0)
+    ap.add_argument("--noncontiguous", action="store_true", help="non-contiguous views of every sample")
     a = ap.parse_args()
     if a.worker:
-        worker(a.worker.split(","))
+        worker(a.worker.split(","), a.noncontiguous)
         return 0
     keys = all_keys()
     if a.ops:
@@ -211,10 +219,10 @@ def main():
         keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
     keys = keys[:: a.every]
     t0 = time.time()
-    results = drive(keys, a.timeout)
-    p, n, c = summarize(results, a.report)
+    results = drive(keys, a.timeout, a.noncontiguous)
+    p, n, c = summarize(results, a.report, a.noncontiguous)
     rate = p / max(1, n)
-    print(f"OpInfo: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
+    print(f"OpInfo{' (non-contiguous)' if a.noncontiguous else ''}: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
           f"{time.time() - t0:.0f}s; report in {a.report}")
     return 0 if rate >= a.min_pass_rate and c == 0 else 1
 

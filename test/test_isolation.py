@@ -326,3 +326,25 @@ def test_injected_failures_change_only_what_depends_on_them(config, seed):
                     got.cpu()
         else:
             torch.testing.assert_close(got.cpu(), want)
+
+
+def test_sync_each_op_raises_at_the_call_that_failed():
+    # TORCH_MGPU_SYNC=op, as CUDA_LAUNCH_BLOCKING=1: the traceback points at the op.
+    import subprocess
+    import sys
+    code = ("import torch, torch_mgpu\n"
+            "x = torch.randn(3, device='mgpu')\n"
+            "idx = torch.tensor([0, 7], device='mgpu')\n"
+            "try:\n"
+            "    y = torch.index_select(x, 0, idx)\n"
+            "    print('recorded')\n"
+            "except IndexError as e:\n"
+            "    print('raised at the call:', 'index_select' in str(e))\n"
+            "print(torch.equal((x + 1).cpu(), x.cpu() + 1))\n")
+    env = dict(os.environ, TORCH_MGPU_SYNC="op")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["raised at the call: True", "True"], out.stdout
+    env["TORCH_MGPU_SYNC"] = "sometimes"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "TORCH_MGPU_SYNC: unknown value 'sometimes'" in out.stdout + out.stderr

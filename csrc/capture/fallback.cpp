@@ -17,6 +17,9 @@
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -788,6 +791,21 @@ void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 namespace {
+// TORCH_MGPU_SYNC=op runs every op at its call, as CUDA_LAUNCH_BLOCKING=1
+// does for CUDA: an error that depends on data is raised by the call that
+// caused it (for debugging: it gives up all parallelism).
+bool sync_each_op() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_MGPU_SYNC");
+    if (!e || !*e) return false;
+    const std::string v(e);
+    TORCH_CHECK(v == "op" || v == "graph", "TORCH_MGPU_SYNC: unknown value '", v,
+                "' (expected 'op': run each op at its call, or 'graph': the default)");
+    return v == "op";
+  }();
+  return on;
+}
+
 // Quantized tensors have no mgpu form (the lazy storage holds plain
 // strided bytes): refused at the call, by name, as a backend without
 // quantized kernels refuses them.
@@ -816,6 +834,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   StateLock lock;
   type_tensor_lists(op.schema(), stack);
   refuse_unsupported(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  const bool sync_now = sync_each_op();
   // A graph runs under one set of settings, those its ops were called with:
   // where the program changed them (torch.set_default_dtype, ...) with ops
   // pending, those run first, under their own settings.
@@ -838,7 +857,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     eager_fallback(op, stack);
     return;
   }
-  if (ir::pending_op_count() > max_pending_ops()) sync_all();
+  if (sync_now || ir::pending_op_count() > max_pending_ops()) sync_all();
   else recorded(background_safe);
 }
 
