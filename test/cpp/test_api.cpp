@@ -95,6 +95,26 @@ TEST(Api, ErrorsAtTheSyncKeepOtherResults) {
   EXPECT_THROW(l.cpu(), c10::Error);
 }
 
+TEST(Api, ErrorsNameTheOpByItsNumberWithoutPython) {
+  auto x = torch::randn({3}).to(torch_mgpu::device());
+  auto idx = torch::tensor({0, 7}).to(torch_mgpu::device());
+  auto y = torch::index_select(x, 0, idx);  // out of range: known only from the data
+  EXPECT_THROW(torch_mgpu::synchronize(), c10::IndexError);
+  torch_mgpu::synchronize();  // raised once
+  const std::string msg = message_of([&] { y.cpu(); });
+  EXPECT_NE(msg.find("lost"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("aten::index_select (op #"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("called at"), std::string::npos) << msg;  // no caller without Python
+  EXPECT_TRUE(torch::equal((x + 1).cpu(), x.cpu() + 1));
+}
+
+TEST(Api, OutputLayoutsOfKernelsThatKeepTheirInputsStrides) {
+  auto x = torch::randn({2, 3});
+  auto xm = x.to(torch_mgpu::device());
+  EXPECT_TRUE(torch::equal(xm.t().abs().cpu(), x.t().abs()));  // abs.out into empty(0)
+  EXPECT_TRUE(torch::equal(torch::logical_and(xm.t(), xm.t() > 0).cpu(), torch::logical_and(x.t(), x.t() > 0)));
+}
+
 TEST(Api, AutogradFromCpp) {
   torch::manual_seed(4);
   auto w = torch::randn({8, 8});
