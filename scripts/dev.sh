@@ -9,6 +9,7 @@
 #   bash scripts/dev.sh cuda-compile   # compile-only check against torch 2.14.1 (CUDA 13)
 #   bash scripts/dev.sh gpu      # on a GPU machine (CUDA torch installed): CUDA build, GPU tests, benchmarks/RESULTS-gpu.md
 #   bash scripts/dev.sh tsan     # the threaded C++ tests under ThreadSanitizer; fails on any report
+#   bash scripts/dev.sh fuzz [SECONDS]   # differential fuzzing of mgpu against eager CPU (default 3600 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -209,5 +210,6 @@ case "$cmd" in
   cuda-compile) cuda_compile ;;
   gpu) gpu "$@" ;;
   tsan) setup; tsan ;;
-  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|gpu|tsan}"; exit 2 ;;
+  fuzz) setup; "$PY" test/difffuzz.py --seconds "${1:-3600}" "${@:2}" ;;
+  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|gpu|tsan|fuzz [SECONDS]}"; exit 2 ;;
 esac

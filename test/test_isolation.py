@@ -348,3 +348,16 @@ def test_sync_each_op_raises_at_the_call_that_failed():
     env["TORCH_MGPU_SYNC"] = "sometimes"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "TORCH_MGPU_SYNC: unknown value 'sometimes'" in out.stdout + out.stderr
+
+
+def test_of_two_failures_the_one_called_first_is_raised(config):
+    # Whatever order the lanes ran them in: eager would have stopped at the first.
+    x = torch.randn(4, device="mgpu")
+    first = torch.index_select(x, 0, torch.tensor([9], device="mgpu"))
+    second = torch.gather(x * 2, 0, torch.tensor([-20], device="mgpu"))
+    with pytest.raises((IndexError, RuntimeError), match="index_select"):
+        torch_mgpu.synchronize()
+    torch_mgpu.synchronize()
+    for lost, op in ((first, "index_select"), (second, "gather")):
+        with pytest.raises(RuntimeError, match=f"lost.*{op}"):
+            lost.cpu()

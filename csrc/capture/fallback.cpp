@@ -71,6 +71,15 @@ bool has_generator_arg(const c10::FunctionSchema& s) {
 struct SilentWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
+// Passes warnings on, counting them.
+struct CountedWarnings : c10::WarningHandler {
+  c10::WarningHandler* next = c10::WarningUtils::get_warning_handler();
+  int count = 0;
+  void process(const c10::Warning& w) override {
+    ++count;
+    next->process(w);
+  }
+};
 SilentWarnings& silent_warnings() {
   static SilentWarnings h;
   return h;
@@ -353,7 +362,7 @@ size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
 // Each mgpu storage becomes one CPU storage (when they are small), so that
 // views that share bytes share them here too and the kernel's overlap
 // checks see what eager's would (`c[idx] = c` on a column of a matrix).
-torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones) {
+torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones, bool quiet) {
   constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
   std::vector<at::Tensor> filled;  // the tensors standing for mgpu ones
@@ -383,10 +392,10 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  // The first run's warnings are the call's (a uint8 mask's deprecation):
-  // eager gives them at the call. The second run's would repeat them.
-  std::optional<c10::WarningUtils::WarningHandlerGuard> quiet;
-  if (ones) quiet.emplace(&silent_warnings());
+  // The first run's warnings are the call's (a uint8 mask's deprecation),
+  // unless Meta gave them already: eager gives them once, at the call.
+  std::optional<c10::WarningUtils::WarningHandlerGuard> silenced;
+  if (quiet) silenced.emplace(&silent_warnings());
   if (ones)
     for (auto& t : filled) {
       try {
@@ -434,7 +443,7 @@ bool refuses_singular(const std::string& name) {
       name.rfind("aten::inverse", 0) == 0 || name.rfind("aten::lu", 0) == 0 || name.rfind("aten::_lu", 0) == 0;
 }
 
-void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta) {
+void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta, bool quiet) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
   // Only ATen's own kernels: a custom op's kernel may be any code (a
@@ -446,21 +455,24 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     // Tensor results only, one per MetaResult tensor, in order.
     bool plain = true;
     for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
-    auto results = probe_call(op, args, /*ones=*/false);
+    auto results = probe_call(op, args, /*ones=*/false, quiet);
     if (plain) take_cpu_dtypes(results, meta);
   } catch (const c10::LinAlgError&) {
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    // c10::Error, or a plain std::runtime_error ("value cannot be converted
+    // to type c10::Half without overflow" comes as one).
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
     if (msg.find("not implemented for '") != std::string::npos) throw;
     if (refuses_singular(schema.name())) return;
     std::exception_ptr on_zeros = std::current_exception();
+    bool on_ones = false;
     try {
-      probe_call(op, args, /*ones=*/true);
-    } catch (const c10::Error&) {
-      std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
+      probe_call(op, args, /*ones=*/true, /*quiet=*/true);
     } catch (const std::exception&) {
+      on_ones = true;
     }
-  } catch (const std::exception&) {
+    if (on_ones) std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
   }
 }
 
@@ -614,14 +626,17 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     full.build_meta = true;
     auto margs = meta_arguments(schema, args, full);
     bool probed = false;
+    CountedWarnings meta_warnings;
     try {
+      c10::WarningUtils::WarningHandlerGuard counted(&meta_warnings);
       fresh = infer(op, std::move(margs), full);
     } catch (const c10::NotImplementedError& e) {
       if (!no_meta_kernel(e)) throw;
       fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
       probed = true;
     }
-    if (!probed) probe_errors(op, args, fresh);
+    // The call's warnings come once: from Meta, or else from the probe.
+    if (!probed) probe_errors(op, args, fresh, /*quiet=*/meta_warnings.count > 0);
     if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     keep_out_layouts(schema, full, fresh);
     if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);

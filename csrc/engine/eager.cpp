@@ -91,8 +91,10 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     auto g = geometry_of(c);
     if (geometry_of(m) != g) m.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
-  auto wrap = [&](const at::Tensor& r) -> at::Tensor {
-    if (!r.defined() || !r.device().is_cpu()) return r;
+  auto wrap = [&](const at::Tensor& result) -> at::Tensor {
+    if (!result.defined() || !result.device().is_cpu()) return result;
+    // A ZeroTensor has no bytes behind it: its value, in bytes.
+    const at::Tensor r = result._is_zerotensor() ? at::zeros(result.sizes(), result.options()) : result;
     for (auto& [m, c] : written)
       if (c.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return m;
     auto it = mgpu_of.find(r.storage().unsafeGetStorageImpl());

@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <frameobject.h>
 
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -17,11 +18,24 @@
 namespace torch_mgpu::python {
 namespace {
 
-// Guarded by the GIL.
+// Guarded by the GIL. The caches hold a reference to each code object they
+// key: a freed code object's address may be taken by another one (a loop
+// that compiles and runs code), which must not inherit its answers.
 struct Callers {
   std::vector<std::string> internal_dirs;                     // torch's and torch_mgpu's packages
   std::unordered_map<PyCodeObject*, bool> internal;           // by code object
-  std::unordered_map<uint64_t, std::string_view> locations;   // by (code object, line)
+  std::map<std::pair<PyCodeObject*, int>, std::string_view> locations;  // by (code object, line)
+  std::vector<PyObject*> held;                                // the code objects keyed above
+  void hold(PyCodeObject* code) {
+    if (held.size() >= 50000) {  // bounded: forget everything, let the code objects go
+      internal.clear();
+      locations.clear();
+      for (PyObject* o : held) Py_DECREF(o);
+      held.clear();
+    }
+    Py_INCREF(code);
+    held.push_back(reinterpret_cast<PyObject*>(code));
+  }
 };
 Callers& callers() {
   static auto* c = new Callers();  // leaked: read until the process ends
@@ -37,20 +51,20 @@ bool is_internal(Callers& c, PyCodeObject* code) {
   } else {
     PyErr_Clear();
   }
-  if (c.internal.size() > 100000) c.internal.clear();
+  c.hold(code);
   c.internal.emplace(code, inside);
   return inside;
 }
 
 std::string_view location(Callers& c, PyCodeObject* code, int line) {
-  const uint64_t key = reinterpret_cast<uintptr_t>(code) * 1000003u ^ static_cast<uint64_t>(line);
+  is_internal(c, code);  // holds the code object
+  const auto key = std::make_pair(code, line);
   auto it = c.locations.find(key);
   if (it != c.locations.end()) return it->second;
   std::string where = "?";
   if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
   else PyErr_Clear();
   where += ":" + std::to_string(line);
-  if (c.locations.size() > 100000) c.locations.clear();
   return c.locations.emplace(key, ir::intern(where)).first->second;
 }
 

@@ -39,6 +39,14 @@ std::mutex& global_generator_mutex() {
   return m;
 }
 
+struct SilentWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+SilentWarnings& silent_warnings() {
+  static SilentWarnings h;
+  return h;
+}
+
 bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
   return t.scalar_type() == g.dtype && t.sizes() == c10::IntArrayRef(g.sizes) &&
       t.strides() == c10::IntArrayRef(g.strides) && t.storage_offset() == g.offset && t.is_conj() == g.conj &&
@@ -78,6 +86,14 @@ std::exception_ptr with_node_context(const ir::Node& n, std::exception_ptr e) {
   } catch (c10::Error& err) {
     err.add_context("mgpu: raised by " + describe_node(n) + " when the pending graph ran");
     return std::current_exception();
+  } catch (const std::bad_alloc&) {
+    return e;
+  } catch (const std::exception& err) {
+    // A kernel's plain std::runtime_error ("value cannot be converted ...
+    // without overflow"): Python shows both as RuntimeError.
+    c10::Error named{std::string(err.what())};
+    named.add_context("mgpu: raised by " + describe_node(n) + " when the pending graph ran");
+    return std::make_exception_ptr(named);
   } catch (...) {
     return e;
   }
@@ -162,6 +178,9 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     // Autocast did its casts when the op was recorded; the lane's thread
     // carries the syncing thread's autocast state, which must not apply again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // The op's warnings were given at its call (by its Meta kernel or the
+    // probe, capture/fallback.cpp); a lane has no caller to give them to.
+    c10::WarningUtils::WarningHandlerGuard no_warnings(&silent_warnings());
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
       // the op runs, since the op locks it to draw.
@@ -245,6 +264,12 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       int64_t want = c10::multiply_integers(o.geom.sizes);
       TORCH_CHECK(r.numel() == 0 || want == 0, "mgpu: ", n.name, " returned shape ", r.sizes(),
                   " where its Meta kernel promised ", c10::IntArrayRef(o.geom.sizes));
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      zero(fresh);
+      out.push_back(fresh);
+    } else if (r._is_zerotensor() || (r.storage().nbytes() > 0 && !r.storage().data())) {
+      // A ZeroTensor (autograd's `_efficientzerotensor`: zeros with no
+      // bytes behind them): its value, in bytes.
       c10::Storage fresh = allocate(o.nbytes, place.device);
       zero(fresh);
       out.push_back(fresh);
@@ -355,11 +380,15 @@ struct Run {
       m = msg + " (raised by " + describe_node(*g.nodes[i]) + ")";
     }
     if (!m.empty()) res.messages[i] = m;
-    if (e && !res.first_error) {
+    // The sync raises the error of the failed op the program called first,
+    // as eager would have stopped there, whatever order the lanes ran in.
+    if (e && (!res.first_error || g.nodes[i]->id < first_id)) {
       res.first_error = e;
       res.first_message = m;
+      first_id = g.nodes[i]->id;
     }
   }
+  uint64_t first_id = 0;  // the node whose error is res.first_error
 
   // Materialized bytes for a lane at `place`: a copy on its device, made
   // once and kept with the Data node.
