@@ -146,3 +146,15 @@ def test_torchscript_masked_assignment():
     want = _masked_fill_script(x.clone(), m)
     got = _masked_fill_script(x.to("mgpu"), m.to("mgpu"))
     assert_same(got, want)
+
+
+def test_double_backward_through_abs_reads_autograds_zero_tensor():
+    # Autograd's derivative of sgn is an `_efficientzerotensor`, which has no bytes.
+    x_cpu = torch.randn(3, 4, requires_grad=True)
+    x = x_cpu.detach().to("mgpu").requires_grad_()
+    (g1,) = torch.autograd.grad(x.abs().sum(), [x], create_graph=True)
+    (g,) = torch.autograd.grad(g1.sum(), [x])
+    (g1_cpu,) = torch.autograd.grad(x_cpu.abs().sum(), [x_cpu], create_graph=True)
+    (g_cpu,) = torch.autograd.grad(g1_cpu.sum(), [x_cpu])
+    assert_same(g, g_cpu)
+    assert_same(g1.detach(), g1_cpu.detach())
