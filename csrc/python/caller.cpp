@@ -64,7 +64,8 @@ std::string_view location(Callers& c, PyCodeObject* code, int line) {
   std::string where = "?";
   if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
   else PyErr_Clear();
-  where += ":" + std::to_string(line);
+  where.push_back(':');
+  where.append(std::to_string(line));
   return c.locations.emplace(key, ir::intern(where)).first->second;
 }
 
