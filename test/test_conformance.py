@@ -158,3 +158,13 @@ def test_double_backward_through_abs_reads_autograds_zero_tensor():
     (g_cpu,) = torch.autograd.grad(g1_cpu.sum(), [x_cpu])
     assert_same(g, g_cpu)
     assert_same(g1.detach(), g1_cpu.detach())
+
+
+def test_a_host_out_tensor_is_another_device_even_when_0_dim():
+    # A 0-dim host tensor passes as a scalar the op reads, never as one it writes.
+    t = torch.randn(3, 4, device="mgpu")
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(t, out=torch.empty([], dtype=torch.long))
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.add(t, 1, out=torch.empty([]))
+    assert_same(t + torch.tensor(2.0), t.cpu() + 2.0)

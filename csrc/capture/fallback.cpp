@@ -791,11 +791,16 @@ void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   if (op_info(op).host_indices) return;
   bool any_mgpu = false;
   std::optional<c10::Device> other;
-  auto see = [&](const at::Tensor& t) {
-    if (is_mgpu(t)) any_mgpu = true;
-    else if (t.dim() > 0 || !t.device().is_cpu()) other = t.device();
-  };
-  for (const auto& v : args) for_each_tensor(v, see);
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < args.size(); ++i) {
+    // A 0-dim host tensor is a scalar the op reads; one it writes (an out=
+    // tensor) is on another device, as on CUDA.
+    const bool written = i < schema.arguments().size() && is_mutated(schema.arguments()[i]);
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (is_mgpu(t)) any_mgpu = true;
+      else if (t.dim() > 0 || written || !t.device().is_cpu()) other = t.device();
+    });
+  }
   TORCH_CHECK(!(any_mgpu && other), "Expected all tensors to be on the same device, but found at least two devices, mgpu:0 and ",
               *other, "!");
 }
