@@ -134,6 +134,84 @@ def test_uint8_mask_deprecation_warned_at_the_call():
     torch_mgpu.synchronize()
 
 
+def test_a_warning_comes_once_per_call_and_at_every_call():
+    # A call seen before (its shapes cached) warns again, as eager does; a
+    # call that is recorded, or run eagerly after its recording gave up, warns once.
+    statements = [lambda x, m, d: x.__setitem__(m, torch.tensor([5.0, 6.0], device=d)),
+                  lambda x, m, d: x.index_put_((m.cpu(),), torch.tensor([1.5, 2.5], device=d)),
+                  lambda x, m, d: x.index_put_((m,), torch.tensor([1.5, 2.5], device=d))]
+    counts = {}
+    for device in ("cpu", "mgpu"):
+        counts[device] = []
+        for _ in range(3):
+            x = torch.randn(4, device=device)
+            m = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=device)
+            for statement in statements:
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    statement(x, m, device)
+                counts[device].append(sum("uint8 is now deprecated" in str(e.message) for e in w))
+            x.cpu()
+    assert counts["mgpu"] == counts["cpu"] == [1] * 9
+
+
+def test_reductions_over_an_empty_dim_list_reduce_everything():
+    # Meta's nansum keeps every dim for dim=[]; CPU, and so mgpu, reduce them all.
+    x = torch.randn(3, 4)
+    for fn in (torch.nansum, torch.nanmean, torch.sum, torch.mean, torch.amax):
+        x[0, 1] = float("nan") if fn in (torch.nansum, torch.nanmean) else 0.5
+        assert_same(fn(x.to("mgpu"), dim=[]), fn(x, dim=[]))
+        assert_same(fn(x.to("mgpu"), dim=[], keepdim=True), fn(x, dim=[], keepdim=True))
+    big = torch.randn(200, 100)  # beyond the probe's reach: the call itself is recorded as eager means it
+    big[3, 4] = float("nan")
+    assert_same(torch.nansum(big.to("mgpu"), dim=[]), torch.nansum(big, dim=[]), exact=False)
+
+
+def test_mode_into_out_tensors():
+    x = torch.randint(0, 4, (5, 7)).float()
+    v, i = torch.empty(0, device="mgpu"), torch.empty(0, dtype=torch.long, device="mgpu")
+    ve, ie = torch.empty(0), torch.empty(0, dtype=torch.long)
+    r = torch.mode(x.to("mgpu"), 1, out=(v, i))
+    torch.mode(x, 1, out=(ve, ie))
+    assert r[0] is v and r[1] is i
+    assert_same(v, ve)
+    assert_same(i, ie)
+    assert_same(torch.mode(x.to("mgpu"), 0, keepdim=True).values, torch.mode(x, 0, keepdim=True).values)
+
+
+def test_an_uninitialized_tensor_reads_the_same_bytes_everywhere():
+    # torch.empty's contents are arbitrary, but they are one value: copies
+    # made by nodes equal the tensor read later (bitwise: garbage may be NaN).
+    for _ in range(3):
+        # Freed blocks of random bytes for the allocator to hand out again.
+        junk = [torch.randint(-2**31, 2**31 - 1, (64,), dtype=torch.int32, device="mgpu") for _ in range(4)]
+        torch_mgpu.synchronize()
+        del junk
+        e = torch.empty(64, dtype=torch.int32, device="mgpu")
+        copies = [e.expand(2, 64).clone(), e.clone(), e.view(8, 8).t().contiguous().t().reshape(64)]
+        host = e.cpu()
+        assert torch.equal(copies[0].cpu(), host.expand(2, 64))
+        for c in copies[1:]:
+            assert torch.equal(c.cpu(), host)
+        f = torch.empty(32, device="mgpu")
+        g = f.clone()
+        assert torch.equal(g.cpu().view(torch.int32), f.cpu().view(torch.int32))
+
+
+def test_sparse_and_quantized_factories_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="mgpu: quantized tensors are not supported"):
+        torch._empty_affine_quantized((2,), scale=0.1, zero_point=0, dtype=torch.quint8, device="mgpu")
+    with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):
+        torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,), device="mgpu")
+    with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):
+        torch.empty(3, device="mgpu", layout=torch.sparse_coo)
+    x = torch.randn(3, 3, device="mgpu")
+    for to_sparse in (lambda t: t.to_sparse(), lambda t: t.to_sparse_csr()):
+        with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):
+            to_sparse(x)
+    assert_same(x * 2, x.cpu() * 2)  # and nothing else changed
+
+
 @torch.jit.script
 def _masked_fill_script(x, m):
     x[m] = 1.0

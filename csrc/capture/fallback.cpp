@@ -68,22 +68,16 @@ bool has_generator_arg(const c10::FunctionSchema& s) {
   return false;
 }
 
-struct SilentWarnings : c10::WarningHandler {
-  void process(const c10::Warning&) override {}
-};
-// Passes warnings on, counting them.
-struct CountedWarnings : c10::WarningHandler {
-  c10::WarningHandler* next = c10::WarningUtils::get_warning_handler();
-  int count = 0;
-  void process(const c10::Warning& w) override {
-    ++count;
-    next->process(w);
+// Holds warnings back until the call is recorded: a call that raises (and
+// runs eagerly instead, which warns again) gives its warnings once.
+struct HeldWarnings : c10::WarningHandler {
+  std::vector<c10::Warning> held;
+  void process(const c10::Warning& w) override { held.push_back(w); }
+  void release() {
+    for (const auto& w : held) c10::warn(w);
+    held.clear();
   }
 };
-SilentWarnings& silent_warnings() {
-  static SilentWarnings h;
-  return h;
-}
 
 bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
@@ -303,7 +297,7 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   twins.build_meta = true;
   twins.cpu_twins = true;
   auto targs = meta_arguments(op.schema(), args, twins);
-  c10::WarningUtils::WarningHandlerGuard quiet(&silent_warnings());
+  c10::WarningUtils::WarningHandlerGuard quiet(&ir::silent_warnings());
   if (!op.hasTag(at::Tag::nondeterministic_seeded)) return infer(op, std::move(targs), twins);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   at::Tensor saved;
@@ -395,7 +389,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   // The first run's warnings are the call's (a uint8 mask's deprecation),
   // unless Meta gave them already: eager gives them once, at the call.
   std::optional<c10::WarningUtils::WarningHandlerGuard> silenced;
-  if (quiet) silenced.emplace(&silent_warnings());
+  if (quiet) silenced.emplace(&ir::silent_warnings());
   if (ones)
     for (auto& t : filled) {
       try {
@@ -409,11 +403,12 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   return s;
 }
 
-// Where a Meta kernel promises another dtype than the CPU kernel gives
-// (PyTorch's Python Meta kernel for `bool_tensor ** False` says int64, CPU
-// gives bool), the fresh result takes the CPU kernel's dtype, so that the
-// mgpu tensor has eager's dtype and the kernel's bytes need no cast.
-void take_cpu_dtypes(const torch::jit::Stack& cpu, MetaResult& r) {
+// Where a Meta kernel promises another dtype or shape than the CPU kernel
+// gives (PyTorch's Python Meta kernel for `bool_tensor ** False` says int64,
+// CPU gives bool; `nansum(x, dim=[])` keeps x's shape on Meta, CPU reduces
+// every dim), the fresh result takes the CPU kernel's, so that the mgpu
+// tensor is what eager returns and the kernel's bytes need no cast.
+void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r) {
   std::vector<at::Tensor> flat;
   for (const auto& v : cpu) {
     if (v.isTensor()) flat.push_back(v.toTensor());
@@ -426,11 +421,16 @@ void take_cpu_dtypes(const torch::jit::Stack& cpu, MetaResult& r) {
   for (size_t k = 0; k < flat.size(); ++k) {
     const auto& t = flat[k];
     auto& m = r.tensors[k];
-    if (!t.defined() || !m.defined || m.alias >= 0 || t.scalar_type() == m.geom.dtype ||
-        t.sizes() != c10::IntArrayRef(m.geom.sizes))
-      continue;
-    const size_t item = c10::elementSize(t.scalar_type());
+    if (!t.defined() || !m.defined || m.alias >= 0) continue;
+    if (t.scalar_type() == m.geom.dtype && t.sizes() == c10::IntArrayRef(m.geom.sizes)) continue;
     m.geom.dtype = t.scalar_type();
+    if (t.sizes() != c10::IntArrayRef(m.geom.sizes)) {
+      m.geom.sizes.assign(t.sizes().begin(), t.sizes().end());
+      const auto strides = c10::contiguous_strides(t.sizes());
+      m.geom.strides.assign(strides.begin(), strides.end());
+      m.geom.offset = 0;
+    }
+    const size_t item = c10::elementSize(t.scalar_type());
     m.nbytes = at::detail::computeStorageNbytes(m.geom.sizes, m.geom.strides, item) +
         static_cast<size_t>(m.geom.offset) * item;
   }
@@ -456,7 +456,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     bool plain = true;
     for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
     auto results = probe_call(op, args, /*ones=*/false, quiet);
-    if (plain) take_cpu_dtypes(results, meta);
+    if (plain) take_cpu_results(results, meta);
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
     // c10::Error, or a plain std::runtime_error ("value cannot be converted
@@ -616,6 +616,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   meta_arguments(schema, args, call);
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
   MetaResult fresh;
+  HeldWarnings warnings;
   if (cached) {
     counters().meta_cache_hits++;
   } else {
@@ -626,20 +627,23 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     full.build_meta = true;
     auto margs = meta_arguments(schema, args, full);
     bool probed = false;
-    CountedWarnings meta_warnings;
-    try {
-      c10::WarningUtils::WarningHandlerGuard counted(&meta_warnings);
-      fresh = infer(op, std::move(margs), full);
-    } catch (const c10::NotImplementedError& e) {
-      if (!no_meta_kernel(e)) throw;
-      fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
-      probed = true;
+    {
+      c10::WarningUtils::WarningHandlerGuard held(&warnings);
+      try {
+        fresh = infer(op, std::move(margs), full);
+      } catch (const c10::NotImplementedError& e) {
+        if (!no_meta_kernel(e)) throw;
+        fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
+        probed = true;
+      }
+      // The call's warnings come once: from Meta, or else from the probe.
+      if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
-    // The call's warnings come once: from Meta, or else from the probe.
-    if (!probed) probe_errors(op, args, fresh, /*quiet=*/meta_warnings.count > 0);
     if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     keep_out_layouts(schema, full, fresh);
-    if (call.key.cacheable) meta_cache_put(call.key.bytes, fresh);
+    // A call that warned is not cached: the next one warns again, as eager
+    // does (a uint8 mask's deprecation), or not, for a kernel that warns once.
+    if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
   const MetaResult& mr = *cached;
@@ -749,6 +753,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   node->state = state;
   node->where = caller_location();
   node->hash();  // memoized now, on the recording thread, not at the sync
+  warnings.release();
 
   // Commit: the written storages move to their next version, written
   // tensors take their new geometry. Nothing below throws.
@@ -826,21 +831,35 @@ bool sync_each_op() {
   return on;
 }
 
-// Quantized tensors have no mgpu form (the lazy storage holds plain
-// strided bytes): refused at the call, by name, as a backend without
-// quantized kernels refuses them.
+// Quantized and sparse tensors have no mgpu form (the lazy storage holds
+// plain strided bytes): refused at the call, by name, as a backend without
+// such kernels refuses them.
+bool makes_sparse(const std::string& name) {
+  for (const char* prefix : {"aten::to_sparse", "aten::_to_sparse", "aten::sparse_", "aten::_sparse_"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 void refuse_unsupported(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& schema = op.schema();
   bool quantized = op_info(op).makes_quantized;
-  for (size_t i = 0; i < args.size() && !quantized; ++i) {
+  bool sparse = makes_sparse(schema.name());
+  for (size_t i = 0; i < args.size(); ++i) {
     auto type = schema.arguments()[i].type();
     if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
     if (type->kind() == c10::TypeKind::ScalarTypeType && args[i].isInt())
-      quantized = c10::isQIntType(static_cast<c10::ScalarType>(args[i].toInt()));
-    for_each_tensor(args[i], [&](const at::Tensor& t) { quantized = quantized || t.is_quantized(); });
+      quantized = quantized || c10::isQIntType(static_cast<c10::ScalarType>(args[i].toInt()));
+    if (type->kind() == c10::TypeKind::LayoutType && args[i].isInt())
+      sparse = sparse || static_cast<c10::Layout>(args[i].toInt()) != c10::kStrided;
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      quantized = quantized || t.is_quantized();
+      sparse = sparse || t.layout() != c10::kStrided;
+    });
   }
   TORCH_CHECK_NOT_IMPLEMENTED(!quantized, "mgpu: quantized tensors are not supported (", schema.name(),
                               "); quantize on the CPU: x.cpu()");
+  TORCH_CHECK_NOT_IMPLEMENTED(!sparse, "mgpu: sparse tensors are not supported (", schema.name(),
+                              "); use them on the CPU: x.cpu()");
 }
 
 // The settings the pending ops were called with (guarded by the state lock).
@@ -850,9 +869,24 @@ ir::CallState& pending_state() {
 }
 } // namespace
 
+// nansum over `dim=[]` reduces every dim on CPU and CUDA, as sum does; its
+// Meta kernel reduces none. The call is recorded as the `dim=None` it means.
+// (Other Meta/CPU shape disagreements are caught by the probe of small
+// calls, and at run time for large ones, as an error naming the op.)
+void canonical_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  if (schema.name() != "aten::nansum") return;
+  const size_t n = schema.arguments().size();
+  for (size_t i = 0; i < n; ++i) {
+    auto& v = (*stack)[stack->size() - n + i];
+    if (schema.arguments()[i].name() == "dim" && v.isIntList() && v.toIntList().empty()) v = c10::IValue();
+  }
+}
+
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   StateLock lock;
   type_tensor_lists(op.schema(), stack);
+  canonical_dims(op, stack);
   refuse_unsupported(op, torch::jit::last(*stack, op.schema().arguments().size()));
   const bool sync_now = sync_each_op();
   // A graph runs under one set of settings, those its ops were called with:
@@ -910,7 +944,9 @@ struct DirectKernels {
     }
     // Composite kernels that send unknown backends to an "_overrideable" op
     // that only raises: record the op itself and run CPU's kernel.
-    for (const char* name : {"convolution", "convolution_backward"})
+    // mode's out= variant is composite, and refuses devices other than
+    // CPU, CUDA and XPU by name: record mode.values itself (CPU has it).
+    for (const char* name : {"convolution", "convolution_backward", "mode.values"})
       lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
@@ -921,4 +957,27 @@ DirectKernels g_direct_kernels;
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::mgpu_fallback>());
+}
+
+// A factory asked for a sparse or quantized mgpu tensor (`sparse_coo_tensor(
+// ..., device="mgpu")`, `_empty_affine_quantized`) reaches these keys: the
+// same clear refusal as an op on one.
+namespace torch_mgpu::capture {
+namespace {
+void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: sparse tensors are not supported (", op.schema().name(),
+                              "); use them on the CPU: x.cpu()");
+}
+void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: quantized tensors are not supported (", op.schema().name(),
+                              "); quantize on the CPU: x.cpu()");
+}
+} // namespace
+} // namespace torch_mgpu::capture
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::refuse_sparse>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::refuse_quantized>());
 }

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -621,9 +622,19 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
       return host;
     }
     case ir::NodeKind::Empty: {
-      // First read of an uninitialized storage: give it bytes for good.
-      b->value = ir::Value{ir::make_data(runtime::allocate(std::max(n.outputs[0].nbytes, mgpu_storage.nbytes()))), 0};
-      return b->value.node->data;
+      // An uninitialized storage gets bytes for good: those a node already
+      // read, if one did (the same storage must not read two ways).
+      const size_t nbytes = std::max(n.outputs[0].nbytes, mgpu_storage.nbytes());
+      c10::Storage host = n.replica_or(c10::Device(c10::kCPU), [&](const c10::Storage* any) {
+        return any ? runtime::copy_to(*any, c10::Device(c10::kCPU)) : runtime::allocate(nbytes);
+      });
+      if (host.nbytes() < nbytes) {
+        c10::Storage grown = runtime::allocate(nbytes);
+        std::memcpy(grown.mutable_data(), host.data(), host.nbytes());
+        host = grown;
+      }
+      b->value = ir::Value{ir::make_data(host), 0};
+      return host;
     }
     case ir::NodeKind::Error:
       TORCH_CHECK(false, n.error);

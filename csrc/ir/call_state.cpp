@@ -43,4 +43,12 @@ CallStateGuard::~CallStateGuard() {
   }
 }
 
+c10::WarningHandler& silent_warnings() {
+  struct Silent : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  static Silent h;
+  return h;
+}
+
 } // namespace torch_mgpu::ir

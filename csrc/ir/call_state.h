@@ -3,6 +3,8 @@
 // put in place for the length of an execution.
 #include "ir/node.h"
 
+#include <c10/util/Exception.h>
+
 namespace torch_mgpu::ir {
 
 // The settings as they are now.
@@ -23,5 +25,9 @@ private:
   CallState saved_;
   bool changed_ = false;
 };
+
+// A warning handler that drops every warning: for kernels run again where
+// the call already warned (a graph's run, probes of a call).
+c10::WarningHandler& silent_warnings();
 
 } // namespace torch_mgpu::ir

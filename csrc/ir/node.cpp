@@ -97,6 +97,23 @@ void Node::add_replica(c10::Storage copy) const {
   replicas_.push_back(std::move(copy));
 }
 
+c10::Storage Node::replica_or(c10::Device device,
+                              const std::function<c10::Storage(const c10::Storage* any)>& make) const {
+  // Rare (first reads of Empty values, copies of data to a device), so one
+  // lock for all nodes; a leaf: `make` takes no lock of ours.
+  static std::mutex making;
+  std::lock_guard<std::mutex> make_one(making);
+  if (auto r = replica(device)) return r;
+  std::optional<c10::Storage> any;
+  {
+    std::lock_guard<std::mutex> lock(replicas_mutex_);
+    if (!replicas_.empty()) any = replicas_.front();
+  }
+  c10::Storage made = make(any ? &*any : nullptr);
+  add_replica(made);
+  return made;
+}
+
 std::vector<c10::Storage> Node::replicas() const {
   std::lock_guard<std::mutex> lock(replicas_mutex_);
   return replicas_;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -122,13 +123,20 @@ struct Node {
   std::vector<Value> operands;
   std::vector<Output> outputs;
   c10::Storage data;   // Data nodes only
-  // Data nodes only: copies of `data` on other devices, made where lanes on
+  // Data nodes: copies of `data` on other devices; Empty nodes: their bytes
+  // once read. Data nodes: copies of `data` on other devices, made where lanes on
   // those devices read it (the bytes never change, so a copy stays valid).
   // A flight's lanes add them while the capture thread may read them: under
   // their own mutex. replica() is empty when there is none on `device`.
   c10::Storage replica(c10::Device device) const;
   void add_replica(c10::Storage copy) const;
   std::vector<c10::Storage> replicas() const;
+  // The copy on `device`; where there is none, `make(any)` makes it (from
+  // `any`, a copy on another device, or null where there is none yet) and
+  // it is kept. One call at a time per node: an Empty node's bytes are
+  // allocated once, by its first reader, and every later reader, on any
+  // device, sees those same bytes (uninitialized, but one value).
+  c10::Storage replica_or(c10::Device device, const std::function<c10::Storage(const c10::Storage* any)>& make) const;
   std::string error;   // Error nodes only
   // Ops that draw from a global generator with no Generator argument run
   // with this seed, so that results do not depend on the schedule.

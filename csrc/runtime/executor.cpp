@@ -1,4 +1,5 @@
 #include "runtime/executor.h"
+#include "ir/call_state.h"
 #include "ir/held_bytes.h"
 #include "stats.h"
 
@@ -37,14 +38,6 @@ namespace {
 std::mutex& global_generator_mutex() {
   static std::mutex m;
   return m;
-}
-
-struct SilentWarnings : c10::WarningHandler {
-  void process(const c10::Warning&) override {}
-};
-SilentWarnings& silent_warnings() {
-  static SilentWarnings h;
-  return h;
 }
 
 bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
@@ -180,7 +173,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     // The op's warnings were given at its call (by its Meta kernel or the
     // probe, capture/fallback.cpp); a lane has no caller to give them to.
-    c10::WarningUtils::WarningHandlerGuard no_warnings(&silent_warnings());
+    c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
       // the op runs, since the op locks it to draw.
@@ -393,7 +386,12 @@ struct Run {
   // Materialized bytes for a lane at `place`: a copy on its device, made
   // once and kept with the Data node.
   c10::Storage leaf(const ir::Node& n, const Place& place) {
-    if (n.kind == ir::NodeKind::Empty) return allocate(n.outputs[0].nbytes, place.device);
+    if (n.kind == ir::NodeKind::Empty) {
+      // Uninitialized, yet one value: every reader sees the same bytes.
+      return n.replica_or(place.device, [&](const c10::Storage* any) {
+        return any ? copy_to(*any, place.device, /*wait=*/true) : allocate(n.outputs[0].nbytes, place.device);
+      });
+    }
     if (n.data.device() == place.device) return n.data;
     if (auto r = n.replica(place.device)) return r;
     // Made under the lock (once per device, the first time a device reads
