@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import async_ops, restore_lanes
+from conftest import assert_same, async_ops, restore_lanes
 from torch_mgpu import _C
 
 HERE = os.path.basename(__file__)
@@ -87,8 +87,33 @@ def _complex_into_integers(d):
     torch.arange(4, device=d)[torch.tensor([-1, 0])] = 0.7 - 0.2j
 
 
+# The same checks on calls too large to run in full when first seen (their
+# dtype checks run over a cut copy; a cut that fails runs in full).
+def _large_mm_dtypes(d):
+    torch.mm(torch.ones(300, 200, dtype=torch.long, device=d), torch.ones(200, 100, device=d))
+
+
+def _large_alpha_on_bool(d):
+    a = torch.ones(40000, dtype=torch.bool, device=d)
+    torch.add(a, a, alpha=1.1)
+
+
+def _large_out_dtype(d):
+    torch.neg(torch.randn(200, 100, device=d), out=torch.empty(200, 100, dtype=torch.long, device=d))
+
+
+def _large_value_overflows_half(d):
+    torch.zeros(300, 100, dtype=torch.float16, device=d).fill_(1e10)
+
+
+def _large_where_dtypes(d):
+    # An index past the cut copy's rows: the full run decides.
+    torch.randn(300, 100, device=d).index_add(0, torch.tensor([299]), torch.ones(1, 100, dtype=torch.long, device=d))
+
+
 REFUSED = [_mm_dtypes, _alpha_on_bool, _out_dtype, _shape_mismatch, _index_out_of_range, _median_of_nothing,
-           _value_overflows_half, _complex_into_integers]
+           _value_overflows_half, _complex_into_integers, _large_mm_dtypes, _large_alpha_on_bool, _large_out_dtype,
+           _large_value_overflows_half, _large_where_dtypes]
 
 
 @pytest.mark.parametrize("call", REFUSED, ids=lambda f: f.__name__.strip("_"))
@@ -97,6 +122,21 @@ def test_checks_that_do_not_depend_on_data_raise_at_the_call(config, call):
     raises_like_eager(lambda: call("cpu"), lambda: call("mgpu"))
     assert torch.equal((torch.ones(2, device="mgpu") + 1).cpu(), torch.full((2,), 2.0))
     torch_mgpu.synchronize()
+
+
+def test_large_calls_whose_cut_copy_fails_run_as_eager(config):
+    # Views, expansions and host indices fit the real shapes, not the cut
+    # ones: those calls are recorded as usual and give eager's values.
+    x_cpu = torch.randn(300, 100)
+    x = x_cpu.to("mgpu")
+    before = torch_mgpu.stats()["ops_captured"]
+    got = [x.view(100, 300), x.t().reshape(-1)[:5000].unfold(0, 50, 25), x[:, :1].expand(300, 400),
+           x[torch.tensor([299, 7])], x.narrow(1, 60, 40), torch.cat([x, x])]
+    want = [x_cpu.view(100, 300), x_cpu.t().reshape(-1)[:5000].unfold(0, 50, 25), x_cpu[:, :1].expand(300, 400),
+            x_cpu[torch.tensor([299, 7])], x_cpu.narrow(1, 60, 40), torch.cat([x_cpu, x_cpu])]
+    assert torch_mgpu.stats()["ops_captured"] > before
+    for g, w in zip(got, want):
+        assert_same(g, w)
 
 
 def test_a_call_that_raises_records_nothing(config):

@@ -328,8 +328,12 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
 // call, as eager raises it, even when the result is never read. An error
 // that zeros provoke and ones do not (an integer division by zero), or a
 // LinAlgError (a singular matrix of zeros), comes from the data: it is left
-// to the sync, where the real data decides. Large calls are not probed
-// (their dtype errors surface at the sync point, naming the op). Ops that
+// to the sync, where the real data decides. A large call first runs over
+// zeros whose every dim is cut to at most 2 (microseconds): where that
+// passes, the checks passed; where it fails (perhaps only because of the cut
+// shapes: a view's sizes, an index past the cut), it runs in full as a
+// small call does, up to 2^24 input elements. Larger calls that fail that
+// cheap run raise their dtype errors at the sync, naming the op. Ops that
 // draw random numbers are not probed: the probe must not move a generator.
 int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
   int64_t n = 0;
@@ -403,12 +407,36 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   return s;
 }
 
+// The call on CPU over zeros of the mgpu tensors' dtypes, each dim cut to at
+// most 2 (the rank and the empty dims stay): the dtype checks of a large
+// call at the cost of a tiny one.
+torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack s;
+  for (const auto& v : args) {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      s.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    s.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      if (!is_mgpu(t)) return t;
+      std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+      for (auto& d : sizes) d = std::min<int64_t>(d, 2);
+      return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
+    }));
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  c10::WarningUtils::WarningHandlerGuard silenced(&ir::silent_warnings());
+  op.callBoxed(&s);
+  return s;
+}
+
 // Where a Meta kernel promises another dtype or shape than the CPU kernel
 // gives (PyTorch's Python Meta kernel for `bool_tensor ** False` says int64,
 // CPU gives bool; `nansum(x, dim=[])` keeps x's shape on Meta, CPU reduces
 // every dim), the fresh result takes the CPU kernel's, so that the mgpu
 // tensor is what eager returns and the kernel's bytes need no cast.
-void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r) {
+void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_too) {
   std::vector<at::Tensor> flat;
   for (const auto& v : cpu) {
     if (v.isTensor()) flat.push_back(v.toTensor());
@@ -422,9 +450,10 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r) {
     const auto& t = flat[k];
     auto& m = r.tensors[k];
     if (!t.defined() || !m.defined || m.alias >= 0) continue;
-    if (t.scalar_type() == m.geom.dtype && t.sizes() == c10::IntArrayRef(m.geom.sizes)) continue;
+    const bool other_sizes = sizes_too && t.sizes() != c10::IntArrayRef(m.geom.sizes);
+    if (t.scalar_type() == m.geom.dtype && !other_sizes) continue;
     m.geom.dtype = t.scalar_type();
-    if (t.sizes() != c10::IntArrayRef(m.geom.sizes)) {
+    if (other_sizes) {
       m.geom.sizes.assign(t.sizes().begin(), t.sizes().end());
       const auto strides = c10::contiguous_strides(t.sizes());
       m.geom.strides.assign(strides.begin(), strides.end());
@@ -450,13 +479,25 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   // compiled partition, Python), not to be run on made-up inputs.
   if (schema.name().rfind("aten::", 0) != 0) return;
   if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
-  if (input_numel(args) > kMaxProbeNumel) return;
+  constexpr int64_t kMaxFullProbeNumel = int64_t{1} << 24;
+  // Tensor results only, one per MetaResult tensor, in order.
+  bool plain = true;
+  for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
+  const int64_t numel = input_numel(args);
+  if (numel > kMaxProbeNumel) {
+    try {
+      auto results = probe_cut(op, args);
+      if (plain) take_cpu_results(results, meta, /*sizes_too=*/false);
+      return;
+    } catch (const std::exception&) {
+      // The cut shapes, or the call: the full run tells.
+    }
+    if (numel > kMaxFullProbeNumel) return;
+    quiet = true;  // the cut run's warnings were dropped; so are these
+  }
   try {
-    // Tensor results only, one per MetaResult tensor, in order.
-    bool plain = true;
-    for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
     auto results = probe_call(op, args, /*ones=*/false, quiet);
-    if (plain) take_cpu_results(results, meta);
+    if (plain) take_cpu_results(results, meta, /*sizes_too=*/true);
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
     // c10::Error, or a plain std::runtime_error ("value cannot be converted

@@ -2,6 +2,8 @@
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
 
+#include <pthread.h>
+
 #include <mutex>
 #include <unordered_set>
 
@@ -97,12 +99,25 @@ void Node::add_replica(c10::Storage copy) const {
   replicas_.push_back(std::move(copy));
 }
 
+namespace {
+std::mutex& replica_making_mutex() {
+  static auto* m = [] {
+    auto* made = new std::mutex();  // leaked: nodes die during exit
+    // A flight's lane may hold it when the program forks: the child must
+    // not inherit it locked.
+    pthread_atfork([] { replica_making_mutex().lock(); }, [] { replica_making_mutex().unlock(); },
+                   [] { replica_making_mutex().unlock(); });
+    return made;
+  }();
+  return *m;
+}
+} // namespace
+
 c10::Storage Node::replica_or(c10::Device device,
                               const std::function<c10::Storage(const c10::Storage* any)>& make) const {
   // Rare (first reads of Empty values, copies of data to a device), so one
-  // lock for all nodes; a leaf: `make` takes no lock of ours.
-  static std::mutex making;
-  std::lock_guard<std::mutex> make_one(making);
+  // lock for all nodes; `make` takes only leaf locks (the host cache's).
+  std::lock_guard<std::mutex> make_one(replica_making_mutex());
   if (auto r = replica(device)) return r;
   std::optional<c10::Storage> any;
   {
