@@ -1,0 +1,242 @@
+// Where graphs run: the lanes (from the environment, then configure()), the
+// cost model measured once per process, and the stream sanitizer's switch.
+#include "engine/config.h"
+#include "capture/capture.h"
+#include "runtime/calibrate.h"
+#include "runtime/lanes.h"
+#include "runtime/sanitizer.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+namespace torch_mgpu::engine {
+
+int host_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(" "));
+    item.erase(item.find_last_not_of(" ") + 1);
+    if (!item.empty()) out.push_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+// The devices a topology string names, checked against what this machine has.
+void check_devices(const plan::Topology& t) {
+  if (!t.cuda) return;
+  const int visible = runtime::cuda_device_count();
+  TORCH_CHECK(visible > 0, "torch_mgpu: CUDA lanes need a CUDA device, and none is available ",
+              "(a CPU build of torch, or no GPU); use cpu devices");
+  for (const auto& d : t.devices) {
+    auto dev = runtime::physical_device(d);
+    TORCH_CHECK(dev.index() < visible, "torch_mgpu: device '", d, "' does not exist (", visible,
+                " CUDA device(s) visible)");
+  }
+}
+
+// Where CUDA is available, every visible device with a few streams each
+// (TORCH_MGPU_LANES overrides); else one CPU lane per core.
+constexpr int kStreamsPerDevice = 4;
+
+} // namespace
+
+Config::Config() {
+  const char* d = std::getenv("TORCH_MGPU_DEVICES");
+  const char* l = std::getenv("TORCH_MGPU_LANES");
+  const char* p = std::getenv("TORCH_MGPU_POLICY");
+  std::vector<std::string> devices;
+  if (d) {
+    devices = split(d);
+  } else {
+    for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
+    if (devices.empty()) devices.push_back("cpu");
+  }
+  lanes = make_lanes(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)), p ? p : "auto");
+  // A fork() while the background worker plans under `m` would leave it
+  // held in the child, whose first sync needs it: fork waits for it.
+  pthread_atfork([] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });
+}
+
+int Config::default_lanes(const std::vector<std::string>& devices) {
+  if (!devices.empty() && devices[0].rfind("cuda", 0) == 0) return kStreamsPerDevice;
+  return std::max(1, host_cores() / static_cast<int>(devices.size()));
+}
+
+plan::Topology Config::checked_topology(const std::vector<std::string>& devices, int lanes) {
+  auto t = plan::make_topology(devices, lanes, host_cores());
+  check_devices(t);
+  return t;
+}
+
+std::shared_ptr<const Lanes> Config::make_lanes(plan::Topology t, std::string policy) {
+  auto l = std::make_shared<Lanes>();
+  l->places = runtime::make_places(t);
+  l->topo = std::move(t);
+  l->policy = std::move(policy);
+  return l;
+}
+
+Config& config() {
+  static auto* c = new Config();
+  return *c;
+}
+
+std::shared_ptr<const Lanes> current_lanes() {
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
+  return c.lanes;
+}
+
+namespace {
+// A cost model measured once per process. Not a function-local static: fork()
+// while another thread measures (a background flight's first plan, say) would
+// leave the static's guard taken forever in the child. Here a child whose
+// parent was mid-measurement takes the default model: measuring again would
+// run parallel ATen ops, and PyTorch's OpenMP pool does not survive fork().
+class MeasuredOnce {
+public:
+  template <typename Measure>
+  const plan::CostModel& get(Measure&& measure) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return state_ != State::Measuring; });
+    if (state_ == State::Done) return model_;
+    state_ = State::Measuring;
+    lock.unlock();
+    plan::CostModel measured;
+    try {
+      measured = measure();
+    } catch (...) {
+      lock.lock();
+      state_ = State::None;
+      cv_.notify_all();
+      throw;
+    }
+    lock.lock();
+    model_ = measured;
+    state_ = State::Done;
+    cv_.notify_all();
+    return model_;
+  }
+
+  void after_fork_in_child() {
+    new (&m_) std::mutex();  // the parent's may have been held by a thread the child lacks
+    new (&cv_) std::condition_variable();
+    if (state_ == State::Measuring) {
+      model_ = plan::CostModel();
+      state_ = State::Done;
+    }
+  }
+
+private:
+  enum class State { None, Measuring, Done };
+  std::mutex m_;
+  std::condition_variable cv_;
+  State state_ = State::None;
+  plan::CostModel model_;
+};
+
+MeasuredOnce& cpu_model() {
+  static auto* once = new MeasuredOnce();  // leaked: background threads may outlive static teardown
+  return *once;
+}
+MeasuredOnce& device_model() {
+  static auto* once = new MeasuredOnce();
+  return *once;
+}
+const bool g_models_atfork = [] {
+  cpu_model();
+  device_model();
+  pthread_atfork(nullptr, nullptr, [] {
+    cpu_model().after_fork_in_child();
+    device_model().after_fork_in_child();
+  });
+  return true;
+}();
+} // namespace
+
+const plan::CostModel& cost_model() {
+  static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
+  auto lanes = current_lanes();
+  if (lanes->topo.cuda) {
+    // Devices of one topology are taken to be alike: the first one is measured.
+    const auto device = lanes->places.at(0).device;
+    return device_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_device(device); });
+  }
+  return cpu_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores()); });
+}
+
+void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {
+  TORCH_CHECK(lanes_per_device >= 0, "torch_mgpu.configure: lanes_per_device must be >= 1, got ", lanes_per_device,
+              " (0 keeps the current value)");
+  capture::StateLock lock;
+  if (!policy.empty()) {
+    TORCH_CHECK(policy == "auto" || policy == "heft" || policy == "serial", "torch_mgpu: unknown policy '", policy,
+                "' (expected 'serial', 'heft' or 'auto')");
+  }
+  auto now = current_lanes();
+  std::vector<std::string> devs = devices.empty() ? now->topo.devices : devices;
+  int lanes = lanes_per_device > 0 ? lanes_per_device : now->topo.lanes_per_device;
+  if (!devices.empty() && lanes_per_device <= 0) lanes = Config::default_lanes(devs);
+  auto topo = Config::checked_topology(devs, lanes);  // refused before anything runs
+  capture::sync_all();  // pending work runs where it was planned to (and no flight runs on)
+  auto next = Config::make_lanes(std::move(topo), policy.empty() ? now->policy : policy);
+  auto& c = config();
+  std::lock_guard<std::mutex> config_lock(c.m);
+  c.lanes = std::move(next);
+  c.plans.clear();
+}
+
+void start_stream_sanitizer() {
+  capture::StateLock lock;
+  TORCH_CHECK(!current_lanes()->topo.cuda,
+              "torch_mgpu: the stream sanitizer checks CPU lanes run as stream lanes; configure CPU devices first "
+              "(torch_mgpu.configure(devices=['cpu', 'cpu']))");
+  capture::sync_all();  // what is pending runs on the host lanes it was planned for
+  runtime::start_stream_sanitizer();
+  try {
+    configure({}, 0, "");
+  } catch (...) {
+    runtime::stop_stream_sanitizer();
+    configure({}, 0, "");
+    throw;
+  }
+}
+
+std::vector<std::string> stop_stream_sanitizer() {
+  capture::StateLock lock;  // held throughout: nothing runs between the stop and the new lanes
+  std::exception_ptr failed;
+  try {
+    capture::sync_all();
+  } catch (...) {
+    failed = std::current_exception();  // stopped all the same; raised after
+  }
+  auto races = runtime::stop_stream_sanitizer();
+  configure({}, 0, "");
+  if (failed) std::rethrow_exception(failed);
+  return races;
+}
+
+std::vector<std::string> lane_names() {
+  std::vector<std::string> out;
+  const auto lanes = current_lanes();  // held through the loop: configure() may swap them meanwhile
+  for (const auto& l : lanes->topo.lanes) out.push_back(l.name);
+  return out;
+}
+
+std::string policy() { return current_lanes()->policy; }
+
+} // namespace torch_mgpu::engine

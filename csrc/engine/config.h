@@ -1,0 +1,45 @@
+#pragma once
+// The lanes configured now and the plans made for them (internal to engine/).
+#include "engine/execution.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torch_mgpu::engine {
+
+// A cached plan, and what its first runs measured: after the first run
+// (cold: first touches of memory) kRefineRuns runs record each node's
+// measured / predicted time; then the graph is planned again, once, with
+// each node's median ratio as its Work::scale, if any node was off by more
+// than kRefineOff. Later runs keep that plan (no flip-flop under noise).
+struct CachedPlan {
+  std::shared_ptr<const plan::Plan> plan;
+  const Lanes* lanes = nullptr;  // what it was planned for (the cache is emptied when they change)
+  std::vector<std::vector<double>> ratios;  // per node, one per measured run
+  int runs = 0;
+  bool settled = false;
+};
+
+// Lanes (and their places), the policy and the plan cache.
+// Locking: `m` guards the pointer `lanes` and `plans`; a Lanes never
+// changes once made (configure() swaps in a new one), so an execution reads
+// the one it started with, with no lock. Only configure() writes `lanes`,
+// under the state lock and with no flight running.
+struct Config {
+  std::mutex m;
+  std::shared_ptr<const Lanes> lanes;
+  std::unordered_map<uint64_t, CachedPlan> plans;  // by graph hash
+  Config();  // from TORCH_MGPU_DEVICES / _LANES / _POLICY, or every visible GPU, or the CPU
+  static int default_lanes(const std::vector<std::string>& devices);
+  // A topology for `devices`, refused (with a clear error) if this machine lacks them.
+  static plan::Topology checked_topology(const std::vector<std::string>& devices, int lanes);
+  static std::shared_ptr<const Lanes> make_lanes(plan::Topology t, std::string policy);
+};
+Config& config();
+
+int host_cores();
+
+} // namespace torch_mgpu::engine

@@ -1,0 +1,95 @@
+// The plan cache: a plan per graph hash and lanes, refined once by the
+// measured times of its first runs.
+#include "engine/plan_cache.h"
+#include "engine/config.h"
+#include "runtime/lanes.h"
+#include "stats.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::engine {
+namespace {
+
+constexpr int kRefineRuns = 3;
+constexpr double kRefineOff = 1.5;
+// Nodes shorter than this, measured and predicted, keep scale 1: their times
+// are mostly the clock and the call.
+constexpr double kRefineMinSeconds = 50e-6;
+
+bool refine_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_MGPU_REFINE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+// Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
+// stream lanes (CUDA, or CPU under the stream sanitizer) run every node alone.
+bool fused_lanes(const Lanes& l) {
+  return plan::fusion_enabled() && !l.topo.cuda && (l.places.empty() || !l.places[0].streams);
+}
+
+} // namespace
+
+std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
+  if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
+    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, l.topo, cost_model(), fused_lanes(l)));
+  const auto& cm = cost_model();  // before the config lock: it reads the lanes
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
+  auto it = c.plans.find(g.hash);
+  if (it != c.plans.end() && it->second.lanes == &l) {
+    counters().plan_cache_hits++;
+    return it->second.plan;
+  }
+  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l)));
+  counters().plans_built++;
+  if (c.plans.size() >= 1024) c.plans.clear();  // bounded
+  CachedPlan& e = c.plans[g.hash];
+  e = CachedPlan();
+  e.plan = p;
+  e.lanes = &l;
+  return p;
+}
+
+void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan::Plan>& p,
+           const runtime::ExecResult& r) {
+  if (!refine_enabled() || r.first_error || r.timing.size() != g.size()) return;
+  const auto& cm = cost_model();  // before the config lock: it reads the lanes
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
+  auto it = c.plans.find(g.hash);
+  if (it == c.plans.end() || it->second.plan != p || it->second.settled) return;
+  CachedPlan& e = it->second;
+  const size_t n = g.size();
+  if (e.runs++ == 0) return;  // the cold run
+  e.ratios.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const bool fused = !p->fusion.group_of.empty() && p->fusion.group_of[i] >= 0;  // a group's time, shared out
+    const double measured = r.timing[i].end - r.timing[i].start;
+    const double predicted = p->predicted_end[i] - p->predicted_start[i];
+    if (fused || predicted <= 0 || std::max(measured, predicted) < kRefineMinSeconds) continue;
+    e.ratios[i].push_back(measured / predicted);
+  }
+  if (e.runs <= kRefineRuns) return;
+  e.settled = true;
+  std::vector<double> scale(n, 1.0);
+  bool off = false;
+  for (size_t i = 0; i < n; ++i) {
+    auto& v = e.ratios[i];
+    if (v.size() < static_cast<size_t>(kRefineRuns)) continue;  // not measured in every run
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    scale[i] = std::max(v[v.size() / 2], 1e-3);  // a node the model knows nothing of can be off by 100x and more
+    off = off || scale[i] > kRefineOff || scale[i] < 1.0 / kRefineOff;
+  }
+  e.ratios.clear();
+  if (!off) return;  // the model was right: keep the plan
+  e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l), scale));
+  counters().plans_built++;
+}
+
+} // namespace torch_mgpu::engine

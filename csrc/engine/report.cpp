@@ -1,0 +1,82 @@
+// Reports: the counters, the record of the last plan run, and simulate(),
+// which plans the pending graph for other lanes and runs nothing.
+#include "engine/report.h"
+#include "engine/config.h"
+#include "capture/state_lock.h"
+#include "stats.h"
+
+namespace torch_mgpu {
+
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+namespace engine {
+namespace {
+
+std::shared_ptr<const PlanRecord>& last_plan_slot() {
+  static auto* p = new std::shared_ptr<const PlanRecord>();
+  return *p;
+}
+
+} // namespace
+
+std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, const runtime::ExecResult* r) {
+  auto rec = std::make_shared<PlanRecord>();
+  rec->graph = ir::summarize(g);
+  for (const auto& l : p.lanes) rec->lane_names.push_back(l.name);
+  rec->lane_of = p.lane_of;
+  if (r) {
+    rec->timing = r->timing;
+    rec->measured_makespan = r->makespan;
+  }
+  rec->fused = p.fusion.group_of;
+  rec->predicted_start = p.predicted_start;
+  rec->predicted_end = p.predicted_end;
+  rec->policy = p.policy;
+  rec->lanes_used = p.lanes_used;
+  rec->transfers = p.transfers;
+  rec->predicted_makespan = p.predicted_makespan;
+  rec->refined = p.refined;
+  rec->graph_hash = g.hash;
+  return rec;
+}
+
+void set_last_plan(std::shared_ptr<const PlanRecord> record) { last_plan_slot() = std::move(record); }
+
+std::shared_ptr<const PlanRecord> last_plan() {
+  capture::StateLock lock;
+  return last_plan_slot();
+}
+
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device) {
+  capture::StateLock lock;
+  auto lanes = current_lanes();
+  TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
+  TORCH_CHECK(devices >= 1, "torch_mgpu.simulate: devices must be >= 1, got ", devices);
+  plan::Topology topo;
+  plan::CostModel gpu;
+  if (!device.empty()) {
+    gpu = plan::gpu_cost_model(plan::device_profile(device));
+    std::vector<std::string> names;
+    for (int d = 0; d < devices; ++d) names.push_back("cuda:" + std::to_string(d));
+    topo = plan::make_topology(names, lanes_per_device, host_cores());
+  } else {
+    topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
+  }
+  ir::Graph g = ir::build_graph(pending_roots());
+  const auto& cm = device.empty() ? cost_model() : gpu;
+  plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? lanes->policy : policy);
+  auto e = plan::estimate(g, topo, cm);
+  Simulation s;
+  s.makespan = p.predicted_makespan;
+  s.lower_bound = e.lower_bound;
+  s.critical_path = e.critical_path;
+  s.total_work = e.total_work;
+  s.plan = describe(g, p, nullptr);
+  return s;
+}
+
+} // namespace engine
+} // namespace torch_mgpu
