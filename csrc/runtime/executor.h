@@ -6,6 +6,7 @@
 #include "ir/view.h"
 #include "plan/plan.h"
 #include "runtime/place.h"
+#include "runtime/run_node.h"
 
 #include <ATen/ATen.h>
 
@@ -52,18 +53,5 @@ struct ExecResult {
 
 // Runs plan `p` with `places[l]` the place of lane l (see place.h).
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places);
-
-// A CPU tensor over `storage` (CPU bytes) with `geom`.
-at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom);
-
-// Where node `n` came from, for error messages: "aten::median.dim_values
-// (op #12, called at model.py:3)".
-std::string describe_node(const ir::Node& n);
-
-// Runs one node at `place` (its device, with its stream current). Operand
-// bytes are on that device; `reuse[k]` lets the node write operand k in
-// place, else it writes a copy.
-std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
-                                   const std::vector<bool>& reuse, const Place& place = Place());
 
 } // namespace torch_mgpu::runtime

@@ -1,0 +1,238 @@
+// One node run at its place: its operands as CPU or device tensors, its
+// kernel called under the settings of its call, its results laid out as
+// recorded.
+#include "runtime/run_node.h"
+#include "ir/call_state.h"
+#include "runtime/sanitizer.h"
+#include "stats.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+#include <c10/core/StreamGuard.h>
+
+#include <mutex>
+#include <optional>
+
+namespace torch_mgpu::runtime {
+
+at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
+  return ir::make_view(storage, c10::DispatchKey::CPU, geom);
+}
+
+namespace {
+
+// Ops that draw from the device's default generator with no Generator
+// argument (native_dropout) run with the node's own seed, one at a time.
+std::mutex& global_generator_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
+  return t.scalar_type() == g.dtype && t.sizes() == c10::IntArrayRef(g.sizes) &&
+      t.strides() == c10::IntArrayRef(g.strides) && t.storage_offset() == g.offset && t.is_conj() == g.conj &&
+      t.is_neg() == g.neg;
+}
+
+c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s) {
+  if (!r) return c10::IValue();
+  return view(s[r->operand], r->geom);
+}
+
+// Capture records the mgpu device as "cpu" and generators as seeded CPU
+// generators; on another device they become that device and a generator of
+// it with the same seed.
+c10::IValue constant_at(const c10::IValue& v, const Place& place) {
+  if (place.device.is_cpu()) return v;
+  if (v.isDevice() && v.toDevice().is_cpu()) return place.device;
+  if (v.isGenerator() && v.toGenerator().device().is_cpu()) {
+    at::Generator g = at::globalContext().defaultGenerator(place.device).clone();
+    g.set_current_seed(v.toGenerator().current_seed());
+    return g;
+  }
+  return v;
+}
+
+} // namespace
+
+std::string describe_node(const ir::Node& n) {
+  std::string s = std::string(n.name) + " (op #" + std::to_string(n.id);
+  if (!n.where.empty()) s += ", called at " + std::string(n.where);
+  return s + ")";
+}
+
+std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
+                                   const std::vector<bool>& reuse, const Place& place) {
+  // Stream lanes under the sanitizer: what the node's work on its stream reads.
+  std::vector<const void*> sanitized_reads;
+  const bool sanitize = place.streams && stream_sanitizer_on();
+  if (sanitize)
+    for (const auto& s : operands) sanitized_reads.push_back(s.data());
+  // Each operand a distinct storage; writes go to a private copy unless the
+  // plan proved this node the value's only reader.
+  for (const auto& o : n.outputs)
+    if (o.mutated_operand >= 0 && !reuse[o.mutated_operand])
+      operands[o.mutated_operand] = copy_to(operands[o.mutated_operand], operands[o.mutated_operand].device());
+
+  // Scratch kept per thread (no allocation per node); emptied on the way
+  // out so that no tensor outlives the call.
+  thread_local torch::jit::Stack stack;
+  thread_local std::vector<at::Tensor> returned;
+  thread_local std::vector<at::Tensor> written;  // the views the op writes, as passed to it
+  struct Clear {
+    ~Clear() {
+      stack.clear();
+      returned.clear();
+      written.clear();
+    }
+  } clear_on_exit;
+  stack.clear();
+  returned.clear();
+  written.clear();
+  for (const auto& a : n.args) {
+    switch (a.kind) {
+      case ir::Arg::Kind::Constant:
+        stack.push_back(constant_at(a.constant, place));
+        break;
+      case ir::Arg::Kind::Tensor:
+        stack.push_back(tensor_ivalue(a.tensors[0], operands));
+        break;
+      case ir::Arg::Kind::TensorList: {
+        c10::List<at::Tensor> l;
+        for (const auto& r : a.tensors) l.push_back(tensor_ivalue(r, operands).toTensor());
+        stack.emplace_back(l);
+        break;
+      }
+      case ir::Arg::Kind::OptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> l;
+        for (const auto& r : a.tensors)
+          l.push_back(r ? std::optional<at::Tensor>(view(operands[r->operand], r->geom)) : std::nullopt);
+        stack.emplace_back(l);
+        break;
+      }
+    }
+  }
+  for (const auto& w : n.written) {
+    const c10::IValue& v = stack[w.arg];
+    written.push_back(w.element < 0 ? v.toTensor() : v.toTensorList().get(w.element));
+  }
+  {
+    RECORD_FUNCTION("mgpu::" + std::string(n.name), std::vector<c10::IValue>());
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Autocast did its casts when the op was recorded; the lane's thread
+    // carries the syncing thread's autocast state, which must not apply again.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // The op's warnings were given at its call (by its Meta kernel or the
+    // probe, capture/fallback.cpp); a lane has no caller to give them to.
+    c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
+    if (n.seed) {
+      // One seeded op at a time; the generator's own mutex is not held while
+      // the op runs, since the op locks it to draw.
+      std::lock_guard<std::mutex> lock(global_generator_mutex());
+      at::Generator gen = at::globalContext().defaultGenerator(place.device);
+      at::Generator saved;
+      {
+        std::lock_guard<std::mutex> glock(gen.mutex());
+        saved = gen.clone();
+        gen.set_current_seed(*n.seed);
+      }
+      auto restore = [&] {
+        std::lock_guard<std::mutex> glock(gen.mutex());
+        gen.set_state(saved.get_state());
+      };
+      try {
+        n.op->callBoxed(&stack);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
+    } else {
+      n.op->callBoxed(&stack);
+    }
+  }
+  // Written arguments end with the geometry the mgpu tensors took at the
+  // call (Meta's). A CPU kernel that resized its out= argument may have
+  // given it another layout (kept its input's strides): its values are moved
+  // into the recorded geometry, so that the bytes mean what the mgpu tensor
+  // says they mean.
+  for (size_t k = 0; k < n.written.size(); ++k) {
+    const at::Tensor& t = written[k];
+    const auto& want = n.written[k].after;
+    if (same_geometry(t, want)) continue;
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(want.sizes) && t.scalar_type() == want.dtype, "mgpu: ", n.name,
+                " left its output with shape ", t.sizes(), " and dtype ", t.scalar_type(),
+                " where its Meta kernel promised ", c10::IntArrayRef(want.sizes), " and ", want.dtype);
+    const auto& a = n.args[n.written[k].arg];
+    const auto& ref = a.tensors[n.written[k].element < 0 ? 0 : n.written[k].element];
+    TORCH_INTERNAL_ASSERT(ref.has_value(), "mgpu: a written argument of ", n.name, " has no tensor");
+    at::Tensor values = t.clone();
+    c10::Storage& bytes = operands[ref->operand];
+    const size_t need = (at::detail::computeStorageNbytes(want.sizes, want.strides, c10::elementSize(want.dtype)) +
+                         static_cast<size_t>(want.offset) * c10::elementSize(want.dtype));
+    if (bytes.nbytes() < need) {
+      c10::Storage grown = allocate(need, place.device);
+      if (bytes.nbytes()) view(grown, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0})
+                              .copy_(view(bytes, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0}));
+      bytes = grown;
+    }
+    view(bytes, want).copy_(values);
+  }
+  // Flatten the returned tensors.
+  for (const auto& v : stack) {
+    if (v.isTensor()) returned.push_back(v.toTensor());
+    else if (v.isTensorList())
+      for (const auto& t : v.toTensorList()) returned.push_back(t);
+    else
+      returned.emplace_back();
+  }
+  std::vector<c10::Storage> out;
+  out.reserve(n.outputs.size());
+  for (const auto& o : n.outputs) {
+    if (o.mutated_operand >= 0) {
+      out.push_back(operands[o.mutated_operand]);
+      continue;
+    }
+    TORCH_INTERNAL_ASSERT(o.returned >= 0 && o.returned < static_cast<int>(returned.size()));
+    const at::Tensor& r = returned[o.returned];
+    bool aliases = false;
+    for (const auto& s : operands)
+      if (s.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) aliases = true;
+    // The recorded geometry (from Meta) is what the mgpu tensor claims; when
+    // the CPU kernel chose another layout, or returned an input, copy.
+    if (r.sizes() != c10::IntArrayRef(o.geom.sizes)) {
+      // Meta and CPU kernels disagree on the shape of an auxiliary output
+      // that one of them leaves empty (batch norm's saved statistics in eval
+      // mode, embedding_bag's bookkeeping): the mgpu tensor keeps Meta's
+      // shape, filled with zeros. Anything else is a real disagreement.
+      int64_t want = c10::multiply_integers(o.geom.sizes);
+      TORCH_CHECK(r.numel() == 0 || want == 0, "mgpu: ", n.name, " returned shape ", r.sizes(),
+                  " where its Meta kernel promised ", c10::IntArrayRef(o.geom.sizes));
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      zero(fresh);
+      out.push_back(fresh);
+    } else if (r._is_zerotensor() || (r.storage().nbytes() > 0 && !r.storage().data())) {
+      // A ZeroTensor (autograd's `_efficientzerotensor`: zeros with no
+      // bytes behind them): its value, in bytes.
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      zero(fresh);
+      out.push_back(fresh);
+    } else if (aliases || !same_geometry(r, o.geom) || r.storage().nbytes() < o.nbytes) {
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      view(fresh, o.geom).copy_(r);
+      out.push_back(fresh);
+    } else {
+      out.push_back(r.storage());
+    }
+  }
+  if (sanitize) {
+    std::vector<const void*> writes;
+    for (const auto& s : out) writes.push_back(s.data());
+    report_stream_access(place.device, "node " + std::to_string(n.id) + " (" + std::string(n.name) + ")",
+                         sanitized_reads, writes);
+  }
+  counters().ops_executed++;
+  return out;
+}
+
+} // namespace torch_mgpu::runtime
