@@ -2,11 +2,11 @@
 
 #include <c10/core/DeviceType.h>
 
-#include "capture/capture.h"
+#include "capture/lazy_tensor.h"
 #include "engine/engine.h"
 #include "ir/node.h"
 #include "runtime/host_cache.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 namespace torch_mgpu {
 
@@ -16,12 +16,12 @@ void init() {
               c10::get_privateuse1_backend(), "'; another PrivateUse1 backend was loaded first");
 }
 
-void synchronize() { capture::sync_all(); }
+void synchronize() { engine::sync_all(); }
 
 int64_t pending_ops() { return ir::pending_op_count(); }
 
 std::map<std::string, int64_t> stats() {
-  auto& c = counters();
+  auto& c = runtime::counters();
   const auto host = runtime::host_cache_stats();  // one snapshot, one lock
   return {
       {"ops_captured", c.ops_captured.load()},
@@ -48,10 +48,10 @@ std::map<std::string, int64_t> stats() {
 
 void empty_cache() { runtime::host_cache_empty(); }
 
-int64_t max_pending_ops() { return capture::max_pending_ops(); }
-void set_max_pending_ops(int64_t n) { capture::set_max_pending_ops(n); }
-int64_t async_ops() { return capture::async_ops(); }
-void set_async_ops(int64_t n) { capture::set_async_ops(n); }
+int64_t max_pending_ops() { return engine::max_pending_ops(); }
+void set_max_pending_ops(int64_t n) { engine::set_max_pending_ops(n); }
+int64_t async_ops() { return engine::async_ops(); }
+void set_async_ops(int64_t n) { engine::set_async_ops(n); }
 
 c10::Device device(int index) {
   capture::check_device_index(static_cast<c10::DeviceIndex>(index));

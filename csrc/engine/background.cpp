@@ -4,7 +4,7 @@
 #include "capture/capture.h"
 #include "engine/execution.h"
 #include "runtime/lanes.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <ATen/record_function.h>
 
@@ -132,7 +132,7 @@ void finish_flight() {
   }
   auto t0 = clock::now();
   Worker::instance().wait();
-  counters().background_wait_us += micros(t0, clock::now());
+  runtime::counters().background_wait_us += micros(t0, clock::now());
   auto e = std::move(bg.flight);
   bg.flight.reset();
   if (!e->ran) return;
@@ -159,7 +159,7 @@ bool start_flight() {
   if (e->roots.empty()) return true;
   bg.since_flush = 0;
   bg.flight = e;
-  counters().background_flushes++;
+  runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));
   return true;
 }
@@ -173,22 +173,14 @@ std::exception_ptr take_background_error() {
   return e;
 }
 
-} // namespace engine
-
-namespace capture {
-
-using engine::background;
-using engine::finish_flight;
-using engine::Worker;
-
 int64_t async_ops() {
-  StateLock lock;
+  capture::StateLock lock;
   return background().threshold;
 }
 
 void set_async_ops(int64_t n) {
   TORCH_CHECK(n >= 0, "async_ops must be >= 0 (0 turns background execution off), got ", n);
-  StateLock lock;
+  capture::StateLock lock;
   background().threshold = n;
 }
 
@@ -209,9 +201,9 @@ void recorded(bool background_safe) {
   e->roots = engine::pending_roots();
   if (e->roots.empty()) return;
   bg.flight = e;
-  counters().background_flushes++;
+  runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));
 }
 
-} // namespace capture
+} // namespace engine
 } // namespace torch_mgpu

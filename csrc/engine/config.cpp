@@ -192,7 +192,7 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   int lanes = lanes_per_device > 0 ? lanes_per_device : now->topo.lanes_per_device;
   if (!devices.empty() && lanes_per_device <= 0) lanes = Config::default_lanes(devs);
   auto topo = Config::checked_topology(devs, lanes);  // refused before anything runs
-  capture::sync_all();  // pending work runs where it was planned to (and no flight runs on)
+  sync_all();  // pending work runs where it was planned to (and no flight runs on)
   auto next = Config::make_lanes(std::move(topo), policy.empty() ? now->policy : policy);
   auto& c = config();
   std::lock_guard<std::mutex> config_lock(c.m);
@@ -205,7 +205,7 @@ void start_stream_sanitizer() {
   TORCH_CHECK(!current_lanes()->topo.cuda,
               "torch_mgpu: the stream sanitizer checks CPU lanes run as stream lanes; configure CPU devices first "
               "(torch_mgpu.configure(devices=['cpu', 'cpu']))");
-  capture::sync_all();  // what is pending runs on the host lanes it was planned for
+  sync_all();  // what is pending runs on the host lanes it was planned for
   runtime::start_stream_sanitizer();
   try {
     configure({}, 0, "");
@@ -220,7 +220,7 @@ std::vector<std::string> stop_stream_sanitizer() {
   capture::StateLock lock;  // held throughout: nothing runs between the stop and the new lanes
   std::exception_ptr failed;
   try {
-    capture::sync_all();
+    sync_all();
   } catch (...) {
     failed = std::current_exception();  // stopped all the same; raised after
   }

@@ -56,4 +56,21 @@ struct Simulation {
 // for K such GPUs with S streams each; empty: devices like the current ones.
 Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device = "");
 
+// Computes every pending value (the sync point). Raises the first error an
+// op raised during execution, after binding everything that did compute.
+void sync_all();
+// The materialized CPU bytes of an mgpu storage (syncs if pending).
+c10::Storage materialize(const c10::Storage& mgpu_storage);
+
+// Background execution: once `async_ops()` ops have been recorded since the
+// last flush, the pending graph starts running on a background worker while
+// capture goes on (0: never). Called after each recorded op.
+void recorded(bool background_safe);
+int64_t async_ops();
+void set_async_ops(int64_t n);
+
+// The graph-size limit that triggers an automatic sync.
+int64_t max_pending_ops();
+void set_max_pending_ops(int64_t n);
+
 } // namespace torch_mgpu::engine

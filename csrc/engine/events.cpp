@@ -98,7 +98,7 @@ namespace {
 // cannot run in the background, runs it here. True when it ran here.
 bool run_pending_here() {
   if (start_flight()) return false;
-  capture::sync_all();
+  sync_all();
   return true;
 }
 } // namespace
@@ -112,7 +112,7 @@ bool Event::query() {
 void Event::synchronize() {
   capture::StateLock lock;
   if (done()) return;
-  capture::sync_all();  // runs what the event waits for (and what came after): raises its errors
+  sync_all();  // runs what the event waits for (and what came after): raises its errors
   TORCH_INTERNAL_ASSERT(done(), "mgpu: an event is still pending after a sync");
 }
 

@@ -3,7 +3,7 @@
 #include "engine/plan_cache.h"
 #include "engine/config.h"
 #include "runtime/lanes.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -43,11 +43,11 @@ std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
   std::lock_guard<std::mutex> lock(c.m);
   auto it = c.plans.find(g.hash);
   if (it != c.plans.end() && it->second.lanes == &l) {
-    counters().plan_cache_hits++;
+    runtime::counters().plan_cache_hits++;
     return it->second.plan;
   }
   auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l)));
-  counters().plans_built++;
+  runtime::counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
   CachedPlan& e = c.plans[g.hash];
   e = CachedPlan();
@@ -89,7 +89,7 @@ void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan:
   e.ratios.clear();
   if (!off) return;  // the model was right: keep the plan
   e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l), scale));
-  counters().plans_built++;
+  runtime::counters().plans_built++;
 }
 
 } // namespace torch_mgpu::engine

@@ -1,17 +1,11 @@
-// Reports: the counters, the record of the last plan run, and simulate(),
+// Reports: the record of the last plan run, and simulate(),
 // which plans the pending graph for other lanes and runs nothing.
 #include "engine/report.h"
 #include "engine/config.h"
 #include "capture/state_lock.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 namespace torch_mgpu {
-
-Counters& counters() {
-  static Counters c;
-  return c;
-}
-
 namespace engine {
 namespace {
 

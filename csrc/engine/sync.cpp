@@ -8,7 +8,7 @@
 #include "engine/report.h"
 #include "ir/call_state.h"
 #include "runtime/place.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <algorithm>
 #include <atomic>
@@ -100,7 +100,7 @@ void Execution::run() {
   g = ir::build_graph(roots);
   auto t1 = clock::now();
   plan = plan_for(g, *lanes);
-  counters().syncs++;
+  runtime::counters().syncs++;
   auto t2 = clock::now();
   result = runtime::execute(g, *plan, lanes->places);
   ran = true;
@@ -112,9 +112,9 @@ void Execution::run() {
     // are not.
   }
   auto t3 = clock::now();
-  counters().sync_graph_us += micros(t0, t1);
-  counters().sync_plan_us += micros(t1, t2);
-  counters().sync_execute_us += micros(t2, t3);
+  runtime::counters().sync_graph_us += micros(t0, t1);
+  runtime::counters().sync_plan_us += micros(t1, t2);
+  runtime::counters().sync_execute_us += micros(t2, t3);
 }
 
 // Binds an execution's results: each root value becomes the Data (or Error)
@@ -157,7 +157,7 @@ void bind(Execution& e) {
   }
   set_last_plan(e.record);
   for (auto& n : g.nodes) ir::mark_executed(*n);
-  counters().sync_bind_us += micros(t0, clock::now());
+  runtime::counters().sync_bind_us += micros(t0, clock::now());
 }
 
 std::vector<ir::Value> pending_roots() {
@@ -165,10 +165,6 @@ std::vector<ir::Value> pending_roots() {
   for (auto* b : collect()) roots.push_back(b->value);
   return roots;
 }
-
-} // namespace engine
-
-namespace capture {
 
 namespace {
 // Read by every capture, set from any thread: atomic.
@@ -188,13 +184,13 @@ void set_max_pending_ops(int64_t n) {
 }
 
 void sync_all() {
-  StateLock lock;
-  engine::finish_flight();  // a flight binds first: the sync computes what is still pending
+  capture::StateLock lock;
+  finish_flight();  // a flight binds first: the sync computes what is still pending
   engine::Execution e;
   e.roots = engine::pending_roots();
   if (!e.roots.empty()) {
     // The graph runs under the settings its ops were called with (one set
-    // per graph: capture::record_call cuts the graph where they change).
+    // per graph: backend::record_call cuts the graph where they change).
     ir::CallStateGuard settings(e.roots.front().node->state);
     e.run();
     engine::bind(e);
@@ -205,8 +201,8 @@ void sync_all() {
 }
 
 c10::Storage materialize(const c10::Storage& mgpu_storage) {
-  StateLock lock;
-  auto* b = buffer_of(mgpu_storage);
+  capture::StateLock lock;
+  auto* b = capture::buffer_of(mgpu_storage);
   if (b->value.node->is_pending()) sync_all();
   const auto& n = *b->value.node;
   switch (n.kind) {
@@ -248,6 +244,6 @@ c10::Storage materialize(const c10::Storage& mgpu_storage) {
   TORCH_INTERNAL_ASSERT(false, "mgpu: storage still pending after sync");
 }
 
-} // namespace capture
+} // namespace engine
 } // namespace torch_mgpu
 

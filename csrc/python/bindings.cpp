@@ -1,7 +1,7 @@
 // The Python binding: thin wrappers over the C++ API, no per-op logic.
 #include <torch_mgpu/mgpu.h>
 
-#include "capture/capture.h"
+#include "backend/backend.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
 #include "capture/state_lock.h"
@@ -218,11 +218,11 @@ PYBIND11_MODULE(_C, m) {
     return PartitionHandle{std::move(p)};
   });
   m.def("_call_partition", [](const PartitionHandle& h, const std::vector<at::Tensor>& inputs) {
-    return torch_mgpu::capture::call_partition(h.p, inputs);
+    return torch_mgpu::backend::call_partition(h.p, inputs);
   }, nogil());
-  m.def("_alias_tensor", &torch_mgpu::capture::alias_tensor, nogil());
+  m.def("_alias_tensor", &torch_mgpu::backend::alias_tensor, nogil());
   m.def("_value_view", [](const at::Tensor& t, const std::string& device) {
-    return torch_mgpu::capture::value_view(t, c10::Device(device));
+    return torch_mgpu::backend::value_view(t, c10::Device(device));
   }, nogil());
   m.def("_inject_fault", &torch_mgpu::runtime::inject_fault, py::arg("point"), py::arg("n") = 1, py::arg("only") = "");
   m.def("_faults_fired", &torch_mgpu::runtime::faults_fired);

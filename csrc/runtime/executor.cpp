@@ -1,6 +1,6 @@
 #include "runtime/executor.h"
 #include "ir/held_bytes.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>

@@ -4,7 +4,7 @@
 #include "runtime/run_node.h"
 #include "ir/call_state.h"
 #include "runtime/sanitizer.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
@@ -123,7 +123,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     // carries the syncing thread's autocast state, which must not apply again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     // The op's warnings were given at its call (by its Meta kernel or the
-    // probe, capture/fallback.cpp); a lane has no caller to give them to.
+    // probe, capture/record.cpp); a lane has no caller to give them to.
     c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while

@@ -5,14 +5,16 @@
 // Meta kernel (the geometries `p` was compiled for) and CPU / CUDA kernels
 // (call `p->run`). On mgpu tensors it reaches the capture fallback like any
 // ATen op: it is recorded as one node, planned and run on a lane.
+#include "backend/backend.h"
 #include "capture/capture.h"
+#include "engine/engine.h"
 #include "ir/partition.h"
 #include "runtime/place.h"
 
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
-namespace torch_mgpu::capture {
+namespace torch_mgpu::backend {
 namespace {
 
 using PartitionPtr = c10::intrusive_ptr<ir::Partition>;
@@ -60,26 +62,26 @@ std::vector<at::Tensor> call_partition(const c10::intrusive_ptr<ir::Partition>& 
 at::Tensor alias_tensor(const at::Tensor& t) {
   TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "mgpu: cannot alias a tensor on ", t.device());
   TORCH_CHECK(t.layout() == at::kStrided, "mgpu: cannot alias a ", t.layout(), " tensor");
-  StateLock lock;
-  return make_lazy_tensor(new_storage(t.storage().nbytes(), 0, ir::make_data(t.storage())), geometry_of(t));
+  capture::StateLock lock;
+  return capture::make_lazy_tensor(capture::new_storage(t.storage().nbytes(), 0, ir::make_data(t.storage())), capture::geometry_of(t));
 }
 
 at::Tensor value_view(const at::Tensor& t, c10::Device device) {
-  TORCH_CHECK(is_mgpu(t), "mgpu: value_view takes an mgpu tensor, got one on ", t.device());
-  c10::Storage host = materialize(t.storage());
-  if (device.is_cpu()) return runtime::view(host, geometry_of(t));
+  TORCH_CHECK(capture::is_mgpu(t), "mgpu: value_view takes an mgpu tensor, got one on ", t.device());
+  c10::Storage host = engine::materialize(t.storage());
+  if (device.is_cpu()) return runtime::view(host, capture::geometry_of(t));
   c10::Storage on;
   {
-    StateLock lock;
-    const auto& n = *buffer_of(t)->value.node;
+    capture::StateLock lock;
+    const auto& n = *capture::buffer_of(t)->value.node;
     on = n.replica(device);
     if (!on && n.data.device() == device) on = n.data;
   }
   if (!on) on = runtime::copy_to(host, device, /*wait=*/true);
-  return runtime::view(on, geometry_of(t));
+  return runtime::view(on, capture::geometry_of(t));
 }
 
-} // namespace torch_mgpu::capture
+} // namespace torch_mgpu::backend
 
 TORCH_LIBRARY(torch_mgpu, m) {
   m.class_<torch_mgpu::ir::Partition>("Partition");
@@ -87,11 +89,11 @@ TORCH_LIBRARY(torch_mgpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(torch_mgpu, Meta, m) {
-  m.impl("partition", TORCH_FN(torch_mgpu::capture::partition_meta));
+  m.impl("partition", TORCH_FN(torch_mgpu::backend::partition_meta));
 }
 TORCH_LIBRARY_IMPL(torch_mgpu, CPU, m) {
-  m.impl("partition", TORCH_FN(torch_mgpu::capture::partition_run));
+  m.impl("partition", TORCH_FN(torch_mgpu::backend::partition_run));
 }
 TORCH_LIBRARY_IMPL(torch_mgpu, CUDA, m) {
-  m.impl("partition", TORCH_FN(torch_mgpu::capture::partition_run));
+  m.impl("partition", TORCH_FN(torch_mgpu::backend::partition_run));
 }

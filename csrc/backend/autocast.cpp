@@ -14,7 +14,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace torch_mgpu::capture {
+namespace torch_mgpu::backend {
 namespace {
 
 enum class Policy { LowerPrecision, Fp32, Promote };
@@ -239,4 +239,4 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 }
 
 } // namespace
-} // namespace torch_mgpu::capture
+} // namespace torch_mgpu::backend

@@ -1,28 +1,29 @@
 // Ops that cannot be recorded run now on CPU: ops with no Meta kernel, ops
 // whose output shape depends on data (nonzero, masked_select), ops that
 // return Python numbers (item). Also the copies between mgpu and the host.
+#include "backend/backend.h"
 #include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/random.h"
 #include "engine/engine.h"
 #include "runtime/lanes.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
 
 #include <unordered_map>
 
-namespace torch_mgpu::capture {
+namespace torch_mgpu::backend {
 
 void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  StateLock lock;
+  capture::StateLock lock;
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
-  type_tensor_lists(schema, stack);
+  capture::type_tensor_lists(schema, stack);
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
-  check_same_device(op, args);
-  if (schema.name() != "aten::_local_scalar_dense") counters().eager_fallbacks++;
+  capture::check_same_device(op, args);
+  if (schema.name() != "aten::_local_scalar_dense") runtime::counters().eager_fallbacks++;
 
   // CPU bytes per mgpu storage; written storages get a private copy so that
   // an op that raises half-way leaves the mgpu tensor as it was.
@@ -34,14 +35,14 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // equal view (eager refuses `c[idx] = c`).
   std::unordered_map<c10::TensorImpl*, at::Tensor> same;
   auto to_cpu = [&](const at::Tensor& t, bool write) -> at::Tensor {
-    if (!is_mgpu(t)) return t;
+    if (!capture::is_mgpu(t)) return t;
     auto seen = same.find(t.unsafeGetTensorImpl());
     if (seen != same.end()) return seen->second;
     device = t.device().index();
     auto* impl = t.storage().unsafeGetStorageImpl();
     auto it = cpu_of.find(impl);
     if (it == cpu_of.end()) {
-      c10::Storage s = materialize(t.storage());
+      c10::Storage s = engine::materialize(t.storage());
       if (write) {
         c10::Storage c = runtime::allocate(s.nbytes());
         if (s.nbytes()) std::memcpy(c.mutable_data(), s.data(), s.nbytes());
@@ -50,7 +51,7 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       it = cpu_of.emplace(impl, s).first;
       mgpu_of.emplace(s.unsafeGetStorageImpl(), t.storage());
     }
-    at::Tensor c = runtime::cpu_view(it->second, geometry_of(t));
+    at::Tensor c = runtime::cpu_view(it->second, capture::geometry_of(t));
     if (write) written.emplace_back(t, c);
     same.emplace(t.unsafeGetTensorImpl(), c);
     return c;
@@ -59,20 +60,20 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < nargs; ++i) {
     const auto& a = schema.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite())
-      args[i] = map_tensors(args[i], [&](const at::Tensor& t) { return to_cpu(t, true); });
+      args[i] = capture::map_tensors(args[i], [&](const at::Tensor& t) { return to_cpu(t, true); });
   }
   for (size_t i = 0; i < nargs; ++i) {
     auto& v = args[i];
     const auto& a = schema.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite()) continue;
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      check_device_index(v.toDevice().index());
+      capture::check_device_index(v.toDevice().index());
       device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
       v = c10::Device(c10::kCPU);
     } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
-      v = at::make_generator<at::CPUGeneratorImpl>(draw_seed(v.toGenerator()));
+      v = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(v.toGenerator()));
     } else {
-      v = map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
+      v = capture::map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
     }
   }
 
@@ -84,12 +85,12 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   // Bind written storages to their new bytes, with any new geometry.
   for (auto& [m, c] : written) {
-    auto* b = buffer_of(m);
+    auto* b = capture::buffer_of(m);
     c10::Storage cs = c.storage();
     if (cs.nbytes() > m.storage().nbytes()) m.storage().unsafeGetStorageImpl()->set_nbytes(cs.nbytes());
     b->value = ir::Value{ir::make_data(cs), 0};
-    auto g = geometry_of(c);
-    if (geometry_of(m) != g) m.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+    auto g = capture::geometry_of(c);
+    if (capture::geometry_of(m) != g) m.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
   auto wrap = [&](const at::Tensor& result) -> at::Tensor {
     if (!result.defined() || !result.device().is_cpu()) return result;
@@ -98,8 +99,8 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (auto& [m, c] : written)
       if (c.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return m;
     auto it = mgpu_of.find(r.storage().unsafeGetStorageImpl());
-    if (it != mgpu_of.end()) return make_lazy_tensor(it->second, geometry_of(r));
-    return make_lazy_tensor(new_storage(r.storage().nbytes(), device, ir::make_data(r.storage())), geometry_of(r));
+    if (it != mgpu_of.end()) return capture::make_lazy_tensor(it->second, capture::geometry_of(r));
+    return capture::make_lazy_tensor(capture::new_storage(r.storage().nbytes(), device, ir::make_data(r.storage())), capture::geometry_of(r));
   };
   torch::jit::drop(*stack, nargs);
   for (auto& v : s) {
@@ -123,21 +124,21 @@ const c10::OperatorHandle& copy_op() {
 
 // Whether `self` spans its whole storage, densely, with nothing computed yet.
 bool is_fresh_dense(const at::Tensor& self) {
-  auto* b = buffer_of(self);
+  auto* b = capture::buffer_of(self);
   return b->value.node->kind == ir::NodeKind::Empty && self.storage_offset() == 0 &&
       self.is_contiguous() && self.nbytes() == self.storage().nbytes();
 }
 
 at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  StateLock lock;
-  if (is_mgpu(self)) {
-    if (!is_mgpu(src)) {
+  capture::StateLock lock;
+  if (capture::is_mgpu(self)) {
+    if (!capture::is_mgpu(src)) {
       TORCH_CHECK(src.device().is_cpu(), "mgpu: cannot copy from a tensor on ", src.device());
-      counters().bytes_transferred += src.nbytes();
+      runtime::counters().bytes_transferred += src.nbytes();
       if (src.sizes() == self.sizes() && src.scalar_type() == self.scalar_type() && is_fresh_dense(self)) {
         // Host to mgpu into a fresh tensor: the snapshot is the value.
         at::Tensor snap = src.clone(at::MemoryFormat::Contiguous);
-        buffer_of(self)->value = ir::Value{ir::make_data(snap.storage()), 0};
+        capture::buffer_of(self)->value = ir::Value{ir::make_data(snap.storage()), 0};
         return self;
       }
     }
@@ -145,13 +146,13 @@ at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blockin
     record_call(copy_op(), &stack, /*cpu_as_meta=*/true);
     return self;
   }
-  TORCH_CHECK(is_mgpu(src), "mgpu: copy_ reached the mgpu backend with no mgpu tensor");
-  c10::Storage data = materialize(src.storage());
-  counters().bytes_transferred += src.nbytes();
+  TORCH_CHECK(capture::is_mgpu(src), "mgpu: copy_ reached the mgpu backend with no mgpu tensor");
+  c10::Storage data = engine::materialize(src.storage());
+  runtime::counters().bytes_transferred += src.nbytes();
   // One thread: an OpenMP team woken here would spin on the cores the lanes
   // are about to need at the next sync.
   runtime::ScopedParallelism one(1);
-  self.copy_(runtime::cpu_view(data, geometry_of(src)), non_blocking);
+  self.copy_(runtime::cpu_view(data, capture::geometry_of(src)), non_blocking);
   return self;
 }
 
@@ -180,7 +181,7 @@ void check_mgpu_storage(const at::Tensor& self, const c10::Storage& source) {
 
 at::Tensor& mgpu_set_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                                     c10::SymIntArrayRef stride) {
-  StateLock lock;
+  capture::StateLock lock;
   check_mgpu_storage(self, source);
   std::vector<int64_t> sizes, strides;
   for (const auto& v : size) sizes.push_back(v.expect_int());
@@ -219,7 +220,7 @@ at::Tensor& mgpu_set_storage(at::Tensor& self, c10::Storage source) {
 }
 
 at::Tensor& mgpu_set_tensor(at::Tensor& self, const at::Tensor& source) {
-  TORCH_CHECK(is_mgpu(source), "Attempted to set the storage of a tensor on device \"", self.device(),
+  TORCH_CHECK(capture::is_mgpu(source), "Attempted to set the storage of a tensor on device \"", self.device(),
               "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the devices must match.");
   if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
   TORCH_CHECK(self.dtype() == source.dtype(), "Could not set tensor of type ", source.dtype(), " to a tensor of type ",
@@ -230,23 +231,23 @@ at::Tensor& mgpu_set_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& mgpu_set_empty(at::Tensor& self) {
-  StateLock lock;
+  capture::StateLock lock;
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(new_storage(0, self.device().index()));
+  impl->set_storage_keep_dtype(capture::new_storage(0, self.device().index()));
   impl->set_sizes_contiguous({0});
   return self;
 }
 
 } // namespace
-} // namespace torch_mgpu::capture
+} // namespace torch_mgpu::backend
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("copy_", TORCH_FN(torch_mgpu::capture::mgpu_copy_));
-  m.impl("_copy_from", TORCH_FN(torch_mgpu::capture::mgpu_copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(torch_mgpu::capture::mgpu_copy_from_and_resize));
-  m.impl("is_pinned", TORCH_FN(torch_mgpu::capture::mgpu_is_pinned));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(torch_mgpu::capture::mgpu_set_storage_offset));
-  m.impl("set_.source_Storage", TORCH_FN(torch_mgpu::capture::mgpu_set_storage));
-  m.impl("set_.source_Tensor", TORCH_FN(torch_mgpu::capture::mgpu_set_tensor));
-  m.impl("set_", TORCH_FN(torch_mgpu::capture::mgpu_set_empty));
+  m.impl("copy_", TORCH_FN(torch_mgpu::backend::mgpu_copy_));
+  m.impl("_copy_from", TORCH_FN(torch_mgpu::backend::mgpu_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(torch_mgpu::backend::mgpu_copy_from_and_resize));
+  m.impl("is_pinned", TORCH_FN(torch_mgpu::backend::mgpu_is_pinned));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(torch_mgpu::backend::mgpu_set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(torch_mgpu::backend::mgpu_set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(torch_mgpu::backend::mgpu_set_tensor));
+  m.impl("set_", TORCH_FN(torch_mgpu::backend::mgpu_set_empty));
 }

@@ -1,9 +1,10 @@
 #pragma once
-// Process-wide counters behind torch_mgpu.stats().
+// Process-wide counters behind torch_mgpu.stats(), bumped by every layer
+// from the runtime up.
 #include <atomic>
 #include <cstdint>
 
-namespace torch_mgpu {
+namespace torch_mgpu::runtime {
 
 // Each counter on its own cache line: the recording thread and the lanes
 // bump different counters at once.
@@ -31,4 +32,4 @@ struct Counters {
 
 Counters& counters();
 
-} // namespace torch_mgpu
+} // namespace torch_mgpu::runtime

@@ -1,7 +1,9 @@
 // PrivateUse1 registration under the name `mgpu`: the device guard, the
 // allocator, the hooks and the generator. Runs from static initializers when
 // libtorch_mgpu loads, so C++ users get the device with no Python.
+#include "backend/backend.h"
 #include "capture/capture.h"
+#include "engine/engine.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
 #include "engine/events.h"
@@ -13,7 +15,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/library.h>
 
-namespace torch_mgpu::capture {
+namespace torch_mgpu::backend {
 namespace {
 
 thread_local c10::DeviceIndex t_current_device = 0;
@@ -40,14 +42,14 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return {T, t_current_device}; }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == T, "expected an mgpu device, got ", d);
-    check_device_index(d.index());
+    capture::check_device_index(d.index());
     if (d.index() >= 0) t_current_device = d.index();
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0 && d.index() < deviceCount()) t_current_device = d.index();
   }
   static c10::Device device_of(c10::Device d) {
-    check_device_index(d.index());
+    capture::check_device_index(d.index());
     return c10::Device(T, d.index() < 0 ? t_current_device : d.index());
   }
   c10::Stream getStream(c10::Device d) const override {
@@ -90,13 +92,13 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   // Waiting for the device (torch.accelerator.synchronize(), a stream's or an
   // event's synchronize()) runs what is pending and raises its first error,
   // as torch_mgpu.synchronize() does: on mgpu, work is done when it has run.
-  void synchronizeStream(const c10::Stream& stream) const override { sync_all(); }
+  void synchronizeStream(const c10::Stream& stream) const override { engine::sync_all(); }
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) as_event(event)->synchronize();
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    check_device_index(device_index);
-    sync_all();
+    capture::check_device_index(device_index);
+    engine::sync_all();
   }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 };
@@ -105,12 +107,12 @@ struct MgpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    check_device_index(device_index);
-    return default_generator(device_index);
+    capture::check_device_index(device_index);
+    return capture::default_generator(device_index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
-    check_device_index(device_index);
-    return at::make_generator<MgpuGeneratorImpl>(device_index < 0 ? 0 : device_index);
+    capture::check_device_index(device_index);
+    return at::make_generator<capture::MgpuGeneratorImpl>(device_index < 0 ? 0 : device_index);
   }
   at::Device getDeviceFromPtr(void* data) const override {
     return {c10::DeviceType::PrivateUse1, 0};
@@ -119,10 +121,10 @@ struct MgpuHooks final : at::PrivateUse1HooksInterface {
   at::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return 1; }
-  void setCurrentDevice(c10::DeviceIndex device) const override { check_device_index(device); }
+  void setCurrentDevice(c10::DeviceIndex device) const override { capture::check_device_index(device); }
   c10::DeviceIndex getCurrentDevice() const override { return t_current_device; }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
-    check_device_index(device);
+    capture::check_device_index(device);
     return t_current_device;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
@@ -163,6 +165,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, MgpuGuardImpl);
-REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, lazy_allocator());
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, capture::lazy_allocator());
 
-} // namespace torch_mgpu::capture
+} // namespace torch_mgpu::backend

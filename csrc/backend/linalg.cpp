@@ -13,6 +13,7 @@
 // grad, or a forward-mode tangent) the composite runs as in eager, so the
 // *_ex op carries the derivative and the check syncs. Otherwise the op goes
 // below autograd to the PrivateUse1 kernel, which records it.
+#include "backend/backend.h"
 #include "capture/capture.h"
 
 #include <ATen/core/grad_mode.h>
@@ -24,7 +25,7 @@
 #include <ATen/RedispatchFunctions.h>
 #include <torch/library.h>
 
-namespace torch_mgpu::capture {
+namespace torch_mgpu::backend {
 namespace {
 
 bool wants_grad(const at::Tensor& t) {
@@ -65,10 +66,10 @@ std::tuple<at::Tensor, at::Tensor> linalg_ldl_factor(c10::DispatchKeySet ks, con
 }
 
 } // namespace
-} // namespace torch_mgpu::capture
+} // namespace torch_mgpu::backend
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  using namespace torch_mgpu::capture;
+  using namespace torch_mgpu::backend;
   m.impl("linalg_cholesky", TORCH_FN(linalg_cholesky));
   m.impl("linalg_inv", TORCH_FN(linalg_inv));
   m.impl("linalg_solve", TORCH_FN(linalg_solve));
@@ -80,5 +81,5 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 // the composite kernel counts as PrivateUse1's own).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"linalg_cholesky", "linalg_inv", "linalg_solve", "linalg_lu_factor", "linalg_ldl_factor"})
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::mgpu_fallback>());
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::mgpu_fallback>());
 }

@@ -10,7 +10,7 @@
 #include "ir/partition.h"
 #include "capture/random.h"
 #include "ir/view.h"
-#include "stats.h"
+#include "runtime/counters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
@@ -626,8 +626,8 @@ void check_in_storage(const TensorGeometry& g, const c10::Storage& storage) {
               " requiring a storage size of ", needed, " are out of bounds for storage of size ", storage.nbytes());
 }
 
-// Records the call; returns whether the node may run on the background
-// worker (see recorded()).
+} // namespace
+
 bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -659,9 +659,9 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   MetaResult fresh;
   HeldWarnings warnings;
   if (cached) {
-    counters().meta_cache_hits++;
+    runtime::counters().meta_cache_hits++;
   } else {
-    counters().meta_cache_misses++;
+    runtime::counters().meta_cache_misses++;
     // The same walk with Meta twins: storage indices come out the same.
     Call full;
     full.cpu_as_meta = cpu_as_meta;
@@ -809,7 +809,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     const auto& g = mr.mutated_geom[k];
     if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
-  if (!node->outputs.empty()) counters().ops_captured++;
+  if (!node->outputs.empty()) runtime::counters().ops_captured++;
   // Ops outside aten may have Python kernels (custom ops), which need the
   // GIL; seeded ops borrow the global generator while they run.
   const bool background_safe = !node->seed && info.aten;
@@ -830,8 +830,6 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   return background_safe;
 }
 
-} // namespace
-
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   // As on CUDA, indexing takes its indices from the host.
   if (op_info(op).host_indices) return;
@@ -851,26 +849,7 @@ void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
               *other, "!");
 }
 
-
-void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  record_call(op, stack, false);
-}
-
 namespace {
-// TORCH_MGPU_SYNC=op runs every op at its call, as CUDA_LAUNCH_BLOCKING=1
-// does for CUDA: an error that depends on data is raised by the call that
-// caused it (for debugging: it gives up all parallelism).
-bool sync_each_op() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_MGPU_SYNC");
-    if (!e || !*e) return false;
-    const std::string v(e);
-    TORCH_CHECK(v == "op" || v == "graph", "TORCH_MGPU_SYNC: unknown value '", v,
-                "' (expected 'op': run each op at its call, or 'graph': the default)");
-    return v == "op";
-  }();
-  return on;
-}
 
 // Quantized and sparse tensors have no mgpu form (the lazy storage holds
 // plain strided bytes): refused at the call, by name, as a backend without
@@ -903,11 +882,6 @@ void refuse_unsupported(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
                               "); use them on the CPU: x.cpu()");
 }
 
-// The settings the pending ops were called with (guarded by the state lock).
-ir::CallState& pending_state() {
-  static ir::CallState s;
-  return s;
-}
 } // namespace
 
 // nansum over `dim=[]` reduces every dim on CPU and CUDA, as sum does; its
@@ -924,101 +898,12 @@ void canonical_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
-  StateLock lock;
+void prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   type_tensor_lists(op.schema(), stack);
   canonical_dims(op, stack);
   refuse_unsupported(op, torch::jit::last(*stack, op.schema().arguments().size()));
-  const bool sync_now = sync_each_op();
-  // A graph runs under one set of settings, those its ops were called with:
-  // where the program changed them (torch.set_default_dtype, ...) with ops
-  // pending, those run first, under their own settings.
-  const ir::CallState state = ir::current_call_state();
-  if (state != pending_state()) {
-    if (ir::pending_op_count() > 0) sync_all();
-    pending_state() = state;
-  }
-  if (op_info(op).eager) {
-    eager_fallback(op, stack);
-    return;
-  }
-  if (!cpu_as_meta) check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
-  bool background_safe = false;
-  try {
-    background_safe = record(op, stack, cpu_as_meta);
-  } catch (const std::exception&) {
-    // No Meta kernel, or the Meta kernel refused the call: run it now on
-    // CPU, which either computes it or raises exactly eager's error.
-    eager_fallback(op, stack);
-    return;
-  }
-  if (sync_now || ir::pending_op_count() > max_pending_ops()) sync_all();
-  else recorded(background_safe);
 }
 
-namespace {
+bool runs_eagerly(const c10::OperatorHandle& op) { return op_info(op).eager; }
 
-// Ops that other backends get from a composite kernel while CPU has its own
-// (functional ops as empty + resize_ + out=; native_layer_norm as batch
-// norm) are taken over here when they have CPU and Meta kernels, so that
-// mgpu records the op CPU runs: one node, and eager's numerics.
-struct DirectKernels {
-  std::unique_ptr<torch::Library> lib;
-  DirectKernels() {
-    auto& d = c10::Dispatcher::singleton();
-    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                           __FILE__, __LINE__);
-    std::vector<c10::OperatorName> names;
-    for (auto key : {c10::DispatchKey::CompositeExplicitAutogradNonFunctional,
-                     c10::DispatchKey::CompositeExplicitAutograd})
-      for (auto& n : d.getAllOpNamesForDispatchKey(key)) names.push_back(n);
-    for (const auto& name : names) {
-      if (name.name.rfind("aten::", 0) != 0 || name.name == "aten::copy_") continue;
-      auto op = d.findOp(name);
-      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
-        continue;
-      std::string full = name.name.substr(6);
-      if (!name.overload_name.empty()) full += "." + name.overload_name;
-      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
-    }
-    // Composite kernels that send unknown backends to an "_overrideable" op
-    // that only raises: record the op itself and run CPU's kernel.
-    // mode's out= variant is composite, and refuses devices other than
-    // CPU, CUDA and XPU by name: record mode.values itself (CPU has it).
-    for (const char* name : {"convolution", "convolution_backward", "mode.values"})
-      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
-  }
-};
-DirectKernels g_direct_kernels;
-
-} // namespace
 } // namespace torch_mgpu::capture
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::mgpu_fallback>());
-}
-
-// A factory asked for a sparse or quantized mgpu tensor (`sparse_coo_tensor(
-// ..., device="mgpu")`, `_empty_affine_quantized`) reaches these keys: the
-// same clear refusal as an op on one.
-namespace torch_mgpu::capture {
-namespace {
-void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: sparse tensors are not supported (", op.schema().name(),
-                              "); use them on the CPU: x.cpu()");
-}
-void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: quantized tensors are not supported (", op.schema().name(),
-                              "); quantize on the CPU: x.cpu()");
-}
-} // namespace
-} // namespace torch_mgpu::capture
-
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::refuse_sparse>());
-}
-TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::capture::refuse_quantized>());
-}

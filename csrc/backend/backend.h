@@ -1,0 +1,35 @@
+#pragma once
+// The backend: the PrivateUse1 registrations of `mgpu` (hooks, guard,
+// allocator, generator, copies) and the kernels every op on mgpu tensors
+// reaches. Above engine/ and capture/: it decides what a call does and
+// calls down to them; nothing below includes it.
+#include "ir/partition.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace torch_mgpu::backend {
+
+// The boxed kernel behind every ATen op that reaches PrivateUse1.
+void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The same, where `cpu_as_meta` lets whole CPU tensors in (copies from host).
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta);
+
+// Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
+// data-dependent output shapes or non-tensor results), rebinding mutated
+// inputs and wrapping tensor results as mgpu tensors.
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Records (on mgpu inputs) or runs (on CPU / CUDA inputs) a compiled
+// partition: the op torch_mgpu::partition.
+std::vector<at::Tensor> call_partition(const c10::intrusive_ptr<ir::Partition>& p, at::TensorList inputs);
+// An mgpu tensor over the bytes of a CPU or CUDA tensor, with no copy. The
+// value is read as it is when the graph runs: the caller must compute what
+// reads it before the bytes change (the compiled backend syncs before it
+// returns to the caller).
+at::Tensor alias_tensor(const at::Tensor& t);
+// The computed value of an mgpu tensor as a tensor on `device` (CPU or
+// CUDA), sharing the value's bytes where they already lie there (syncs).
+at::Tensor value_view(const at::Tensor& t, c10::Device device);
+
+} // namespace torch_mgpu::backend

@@ -1,0 +1,142 @@
+// The boxed kernel behind every op on mgpu tensors: what a call does, by
+// policy (run what is pending when the call's settings differ from theirs,
+// run eagerly what cannot be recorded, sync when the graph grows too large
+// or TORCH_MGPU_SYNC=op asks, else start a background flight when due), and
+// the registrations that send ops to it.
+#include "backend/backend.h"
+#include "capture/capture.h"
+#include "engine/engine.h"
+#include "ir/call_state.h"
+
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::backend {
+
+void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  record_call(op, stack, false);
+}
+
+namespace {
+// TORCH_MGPU_SYNC=op runs every op at its call, as CUDA_LAUNCH_BLOCKING=1
+// does for CUDA: an error that depends on data is raised by the call that
+// caused it (for debugging: it gives up all parallelism).
+bool sync_each_op() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_MGPU_SYNC");
+    if (!e || !*e) return false;
+    const std::string v(e);
+    TORCH_CHECK(v == "op" || v == "graph", "TORCH_MGPU_SYNC: unknown value '", v,
+                "' (expected 'op': run each op at its call, or 'graph': the default)");
+    return v == "op";
+  }();
+  return on;
+}
+
+// The settings the pending ops were called with (guarded by the state lock).
+ir::CallState& pending_state() {
+  static ir::CallState s;
+  return s;
+}
+} // namespace
+
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+  capture::StateLock lock;
+  capture::prepare_call(op, stack);
+  const bool sync_now = sync_each_op();
+  // A graph runs under one set of settings, those its ops were called with:
+  // where the program changed them (torch.set_default_dtype, ...) with ops
+  // pending, those run first, under their own settings.
+  const ir::CallState state = ir::current_call_state();
+  if (state != pending_state()) {
+    if (ir::pending_op_count() > 0) engine::sync_all();
+    pending_state() = state;
+  }
+  if (capture::runs_eagerly(op)) {
+    eager_fallback(op, stack);
+    return;
+  }
+  if (!cpu_as_meta) capture::check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  bool background_safe = false;
+  try {
+    background_safe = capture::record(op, stack, cpu_as_meta);
+  } catch (const std::exception&) {
+    // No Meta kernel, or the Meta kernel refused the call: run it now on
+    // CPU, which either computes it or raises exactly eager's error.
+    eager_fallback(op, stack);
+    return;
+  }
+  if (sync_now || ir::pending_op_count() > engine::max_pending_ops()) engine::sync_all();
+  else engine::recorded(background_safe);
+}
+
+namespace {
+
+// Ops that other backends get from a composite kernel while CPU has its own
+// (functional ops as empty + resize_ + out=; native_layer_norm as batch
+// norm) are taken over here when they have CPU and Meta kernels, so that
+// mgpu records the op CPU runs: one node, and eager's numerics.
+struct DirectKernels {
+  std::unique_ptr<torch::Library> lib;
+  DirectKernels() {
+    auto& d = c10::Dispatcher::singleton();
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                           __FILE__, __LINE__);
+    std::vector<c10::OperatorName> names;
+    for (auto key : {c10::DispatchKey::CompositeExplicitAutogradNonFunctional,
+                     c10::DispatchKey::CompositeExplicitAutograd})
+      for (auto& n : d.getAllOpNamesForDispatchKey(key)) names.push_back(n);
+    for (const auto& name : names) {
+      if (name.name.rfind("aten::", 0) != 0 || name.name == "aten::copy_") continue;
+      auto op = d.findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+        continue;
+      std::string full = name.name.substr(6);
+      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
+    }
+    // Composite kernels that send unknown backends to an "_overrideable" op
+    // that only raises: record the op itself and run CPU's kernel.
+    // mode's out= variant is composite, and refuses devices other than
+    // CPU, CUDA and XPU by name: record mode.values itself (CPU has it).
+    for (const char* name : {"convolution", "convolution_backward", "mode.values"})
+      lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
+  }
+};
+DirectKernels g_direct_kernels;
+
+} // namespace
+} // namespace torch_mgpu::backend
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::mgpu_fallback>());
+}
+
+// A factory asked for a sparse or quantized mgpu tensor (`sparse_coo_tensor(
+// ..., device="mgpu")`, `_empty_affine_quantized`) reaches these keys: the
+// same clear refusal as an op on one.
+namespace torch_mgpu::backend {
+namespace {
+void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: sparse tensors are not supported (", op.schema().name(),
+                              "); use them on the CPU: x.cpu()");
+}
+void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: quantized tensors are not supported (", op.schema().name(),
+                              "); quantize on the CPU: x.cpu()");
+}
+} // namespace
+} // namespace torch_mgpu::backend
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_sparse>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_quantized>());
+}
