@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import random_dag_program
+from conftest import async_ops, random_dag_program
 
 
 @pytest.fixture
@@ -212,6 +212,32 @@ def test_simulator_serial_equals_total_work_on_one_lane():
     assert s.makespan >= s.total_work * 0.5
     assert s.critical_path <= s.total_work + 1e-12
     y.cpu()
+
+
+def _chain(x, n=300):
+    for k in range(n):
+        x = x * 1.0001 + 0.5 if k % 2 else x - 0.25
+    return x
+
+
+@pytest.mark.parametrize("workload", ["branches", "chain"])
+def test_simulate_predicts_the_plan_the_sync_runs(lanes_config, workload):
+    # One planning for both: a simulation of the current lanes predicts what
+    # the sync's plan predicts (fused chains included), first and later runs.
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="auto")
+    xs, ms = branches(n=6, size=96, seed=3)
+    with async_ops(0):
+        for _ in range(6):
+            out = branchy(ms) if workload == "branches" else _chain(ms[0])
+            s = torch_mgpu.simulate(devices=1, lanes_per_device=2)
+            other = torch_mgpu.simulate(devices=2, lanes_per_device=2)
+            out.cpu()
+            p = torch_mgpu.last_plan()
+            assert s.makespan == pytest.approx(p.predicted_makespan, rel=1e-9, abs=1e-12)
+            assert s.makespan >= s.lower_bound * 0.999 and other.makespan >= other.lower_bound * 0.999
+            assert s.critical_path <= s.total_work + 1e-12
+    if workload == "chain":
+        assert p.fused_nodes > 0, "the chain ran fused"
 
 
 def test_prediction_tracks_measurement_on_cpu_lanes(lanes_config):

@@ -27,17 +27,37 @@ bool refine_enabled() {
   return on;
 }
 
-// Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
-// stream lanes (CUDA, or CPU under the stream sanitizer) run every node alone.
-bool fused_lanes(const Lanes& l) {
-  return plan::fusion_enabled() && !l.topo.cuda && (l.places.empty() || !l.places[0].streams);
+bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }
+
+bool same_topology(const plan::Topology& a, const plan::Topology& b) {
+  return a.devices == b.devices && a.lanes_per_device == b.lanes_per_device && a.cores == b.cores && a.cuda == b.cuda;
 }
 
 } // namespace
 
+plan::Plan make_plan_for(const ir::Graph& g, const plan::Topology& topo, const plan::CostModel& cm,
+                         const std::string& policy, bool streams, const std::vector<double>& scale) {
+  // Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
+  // stream lanes (CUDA, or CPU under the stream sanitizer) run every node alone.
+  const bool fused = plan::fusion_enabled() && !topo.cuda && !streams;
+  return plan::make_plan(g, topo, cm, policy, fused, scale);
+}
+
+std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan::Topology& topo,
+                                                 const std::string& policy) {
+  auto& c = config();
+  std::lock_guard<std::mutex> lock(c.m);
+  auto it = c.plans.find(g.hash);
+  if (it == c.plans.end() || it->second.lanes != c.lanes.get() || !same_topology(c.lanes->topo, topo) ||
+      c.lanes->policy != policy)
+    return nullptr;
+  return it->second.plan;
+}
+
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
-    return std::make_shared<const plan::Plan>(plan::make_serial_plan(g, l.topo, cost_model(), fused_lanes(l)));
+    return std::make_shared<const plan::Plan>(
+        plan::make_serial_plan(g, l.topo, cost_model(), plan::fusion_enabled() && !l.topo.cuda && !stream_lanes(l)));
   const auto& cm = cost_model();  // before the config lock: it reads the lanes
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
@@ -46,7 +66,7 @@ std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
     runtime::counters().plan_cache_hits++;
     return it->second.plan;
   }
-  auto p = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l)));
+  auto p = std::make_shared<const plan::Plan>(make_plan_for(g, l.topo, cm, l.policy, stream_lanes(l)));
   runtime::counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
   CachedPlan& e = c.plans[g.hash];
@@ -88,7 +108,7 @@ void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan:
   }
   e.ratios.clear();
   if (!off) return;  // the model was right: keep the plan
-  e.plan = std::make_shared<const plan::Plan>(plan::make_plan(g, l.topo, cm, l.policy, fused_lanes(l), scale));
+  e.plan = std::make_shared<const plan::Plan>(make_plan_for(g, l.topo, cm, l.policy, stream_lanes(l), scale));
   runtime::counters().plans_built++;
 }
 

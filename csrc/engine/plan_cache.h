@@ -4,9 +4,20 @@
 #include "engine/execution.h"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace torch_mgpu::engine {
 
+// A plan for `g` on `topo`, as a sync makes it (fusion on CPU lanes that are
+// not stream lanes; `scale`: measured corrections per node, or none): the
+// one function behind the syncs' plans and simulate().
+plan::Plan make_plan_for(const ir::Graph& g, const plan::Topology& topo, const plan::CostModel& cm,
+                         const std::string& policy, bool stream_lanes, const std::vector<double>& scale = {});
+// The plan the next sync of `g` would run, if the plan cache holds one made
+// for lanes like `topo` with `policy` (refined by measurement, perhaps).
+std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan::Topology& topo,
+                                                 const std::string& policy);
 // The plan for `g` on lanes `l`: the cached one, or a new one (cached).
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l);
 // Records what a run of cached plan `p` measured, and plans the graph again

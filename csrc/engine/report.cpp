@@ -2,8 +2,11 @@
 // which plans the pending graph for other lanes and runs nothing.
 #include "engine/report.h"
 #include "engine/config.h"
+#include "engine/plan_cache.h"
 #include "capture/state_lock.h"
 #include "runtime/counters.h"
+
+#include <algorithm>
 
 namespace torch_mgpu {
 namespace engine {
@@ -61,8 +64,30 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   }
   ir::Graph g = ir::build_graph(pending_roots());
   const auto& cm = device.empty() ? cost_model() : gpu;
-  plan::Plan p = plan::make_plan(g, topo, cm, policy.empty() ? lanes->policy : policy);
+  const std::string& pol = policy.empty() ? lanes->policy : policy;
+  // The plan a sync would run: for lanes like the current ones, the cached
+  // plan of this graph if there is one (refined by its measured runs); else
+  // one made by the syncs' own planning (GPU profiles: stream lanes).
+  std::shared_ptr<const plan::Plan> cached = device.empty() ? plan_if_cached(g, topo, pol) : nullptr;
+  const bool streams = !device.empty() || (!lanes->places.empty() && lanes->places[0].streams);
+  const plan::Plan p = cached ? *cached : make_plan_for(g, topo, cm, pol, streams);
   auto e = plan::estimate(g, topo, cm);
+  if (cm.sms == 0 && (p.refined || !p.fusion.groups.empty())) {
+    // Fused runs and measured corrections change what a node costs: the
+    // bounds then come from the plan's own node times.
+    const size_t n = g.size();
+    std::vector<double> finish(n, 0.0);
+    e.critical_path = e.total_work = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double c = std::max(0.0, p.predicted_end[i] - p.predicted_start[i]);
+      double start = 0;
+      for (int d : g.deps[i]) start = std::max(start, finish[d]);
+      finish[i] = start + c;
+      e.critical_path = std::max(e.critical_path, finish[i]);
+      e.total_work += c;
+    }
+    e.lower_bound = std::max(e.critical_path, e.total_work / std::max<size_t>(1, topo.lanes.size()));
+  }
   Simulation s;
   s.makespan = p.predicted_makespan;
   s.lower_bound = e.lower_bound;
