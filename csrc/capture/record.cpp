@@ -626,38 +626,17 @@ void check_in_storage(const TensorGeometry& g, const c10::Storage& storage) {
               " requiring a storage size of ", needed, " are out of bounds for storage of size ", storage.nbytes());
 }
 
-} // namespace
-
-bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+// Phase 1. What the call returns and writes (geometries, dtypes): from the
+// signature cache, else inferred (Meta, or CPU where there is no Meta
+// kernel) and checked as eager checks at the call (the probe). Fills
+// `call` with the storages read and written. `fresh` holds a result that
+// was not cached; `warnings` holds the call's warnings until it is recorded.
+const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Call& call,
+                             MetaResult& fresh, HeldWarnings& warnings) {
   const auto& schema = op.schema();
-  const size_t nargs = schema.arguments().size();
-  // The arguments, in place on the stack until the results replace them.
-  c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - nargs, nargs);
-
-  // The signature (and the storages read and written) without Meta twins.
-  Call call;
-  call.cpu_as_meta = cpu_as_meta;
-  // The key's bytes live in a per-thread buffer, reused call after call.
-  thread_local std::string key_buffer;
-  call.key.bytes.swap(key_buffer);
-  call.key.bytes.clear();
-  struct GiveBack {
-    std::string& key;
-    ~GiveBack() { key_buffer.swap(key); }
-  } give_back{call.key.bytes};
-  const OpInfo& info_of_op = op_info(op);
-  call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, the settings, then its arguments
-  // The settings kernels read (Meta's included: the default dtype decides
-  // an integer division's result type, a deterministic mode makes some
-  // calls raise) are part of the key and go with the node.
-  const ir::CallState state = ir::current_call_state();
-  call.key.add(static_cast<int64_t>(state.default_dtype) | int64_t{state.deterministic} << 8 |
-               int64_t{state.deterministic_warn_only} << 9 | int64_t{state.fill_uninitialized} << 10 |
-               int64_t{state.matmul_precision} << 11);
+  const bool cpu_as_meta = call.cpu_as_meta;
   meta_arguments(schema, args, call);
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
-  MetaResult fresh;
-  HeldWarnings warnings;
   if (cached) {
     runtime::counters().meta_cache_hits++;
   } else {
@@ -680,16 +659,23 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       // The call's warnings come once: from Meta, or else from the probe.
       if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
-    if (info_of_op.batch_norm) saves_nothing_in_eval(schema, args, fresh);
+    if (op_info(op).batch_norm) saves_nothing_in_eval(schema, args, fresh);
     keep_out_layouts(schema, full, fresh);
     // A call that warned is not cached: the next one warns again, as eager
     // does (a uint8 mask's deprecation), or not, for a kernel that warns once.
     if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
-  const MetaResult& mr = *cached;
+  return *cached;
+}
 
-  // Values read by the node: the current version of each storage.
+// Phase 2. The node and what it reads: the current version of each storage
+// it touches, its arguments as a template (tensors name an operand and a
+// geometry; host tensors are snapshotted; generators become seeded ones).
+std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Call& call,
+                                   const MetaResult& mr) {
+  const auto& schema = op.schema();
+  const size_t nargs = args.size();
   auto node = std::make_shared<ir::Node>();
   const OpInfo& info = op_info(op);
   node->name = info.name;
@@ -741,12 +727,25 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   }
   if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
 
-  // Outputs: fresh returned tensors, then the next versions of written
-  // storages. Nothing that anyone else can see changes before the node is
-  // complete (its hash included): a call that raises records nothing.
-  bool empty_factory = info.empty_factory;
+  return node;
+}
+
+// What phase 3 made: the tensors the call returns, and the storages it
+// writes with the node output that is each one's next version.
+struct Outputs {
   std::vector<at::Tensor> results;
-  std::vector<int> written;  // distinct storage indices written
+  std::vector<int> written;         // distinct storage indices written
+  std::vector<int> written_output;  // per written storage: its node output
+};
+
+// Phase 3. The node's outputs: fresh returned tensors (new storages whose
+// value is the node's output; an empty factory's are Empty values), views
+// of inputs, then the next versions of written storages (grown to their
+// largest written extent). Nothing anyone else can see changes yet.
+Outputs outputs_of(Call& call, const MetaResult& mr, const std::shared_ptr<ir::Node>& node, bool empty_factory) {
+  Outputs o;
+  auto& results = o.results;
+  auto& written = o.written;
   for (const auto& m : call.mutated_slots) {
     int idx = call.index_at(m);
     if (std::find(written.begin(), written.end(), idx) == written.end()) written.push_back(idx);
@@ -765,55 +764,51 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     } else if (empty_factory) {
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, ir::make_empty(t.nbytes)), t.geom));
     } else {
-      ir::Output o;
-      o.nbytes = t.nbytes;
-      o.returned = static_cast<int>(k);
-      o.geom = t.geom;
+      ir::Output out;
+      out.nbytes = t.nbytes;
+      out.returned = static_cast<int>(k);
+      out.geom = t.geom;
       int out_index = static_cast<int>(node->outputs.size());
-      node->outputs.push_back(o);
+      node->outputs.push_back(out);
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, node, out_index), t.geom));
     }
   }
   // Written storages grow (resize_, out=) to their largest written extent.
-  std::vector<int> written_output(written.size());
+  auto& written_output = o.written_output;
+  written_output.resize(written.size());
   for (size_t w = 0; w < written.size(); ++w) {
     const int idx = written[w];
     size_t nbytes = call.storages[idx].nbytes();
     for (size_t k = 0; k < call.mutated_slots.size(); ++k)
       if (call.index_at(call.mutated_slots[k]) == idx)
         nbytes = std::max(nbytes, mr.mutated_nbytes[k]);
-    ir::Output o;
-    o.nbytes = nbytes;
-    o.mutated_operand = idx;
+    ir::Output out;
+    out.nbytes = nbytes;
+    out.mutated_operand = idx;
     written_output[w] = static_cast<int>(node->outputs.size());
-    node->outputs.push_back(o);
+    node->outputs.push_back(out);
   }
-  node->written.reserve(call.mutated_slots.size());
-  for (size_t k = 0; k < call.mutated_slots.size(); ++k)
-    node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
-  node->state = state;
-  node->where = caller_location();
-  node->hash();  // memoized now, on the recording thread, not at the sync
-  warnings.release();
+  return o;
+}
 
-  // Commit: the written storages move to their next version, written
-  // tensors take their new geometry. Nothing below throws.
-  for (size_t w = 0; w < written.size(); ++w) {
-    const int idx = written[w];
-    const size_t nbytes = node->outputs[written_output[w]].nbytes;
+// Phase 4, the commit: the written storages move to their next version,
+// written tensors take their new geometry. Nothing here throws.
+void commit(Call& call, const MetaResult& mr, const std::shared_ptr<ir::Node>& node, const Outputs& o) {
+  for (size_t w = 0; w < o.written.size(); ++w) {
+    const int idx = o.written[w];
+    const size_t nbytes = node->outputs[o.written_output[w]].nbytes;
     if (nbytes > call.storages[idx].nbytes()) call.storages[idx].unsafeGetStorageImpl()->set_nbytes(nbytes);
-    buffer_of(call.storages[idx])->value = ir::Value{node, written_output[w]};
+    buffer_of(call.storages[idx])->value = ir::Value{node, o.written_output[w]};
   }
   for (size_t k = 0; k < call.mutated_slots.size(); ++k) {
     auto* impl = call.mutated_slots[k].unsafeGetTensorImpl();
     const auto& g = mr.mutated_geom[k];
     if (geometry_of(call.mutated_slots[k]) != g) impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   }
-  if (!node->outputs.empty()) runtime::counters().ops_captured++;
-  // Ops outside aten may have Python kernels (custom ops), which need the
-  // GIL; seeded ops borrow the global generator while they run.
-  const bool background_safe = !node->seed && info.aten;
+}
 
+// The results replace the arguments on the stack, as the op's schema returns them.
+void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, const std::vector<at::Tensor>& results) {
   torch::jit::drop(*stack, nargs);
   size_t next = 0;
   for (const auto& ret : mr.returns) {
@@ -827,7 +822,59 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
       stack->emplace_back();
     }
   }
-  return background_safe;
+}
+
+} // namespace
+
+// The phases: the call's signature (the cache key), what it returns and
+// writes (infer_call), the node and its inputs (node_for), its outputs
+// (outputs_of), then, once the node is complete and hashed, the commit and
+// the results. Any phase before the commit may raise: nothing is recorded.
+bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  // The arguments, in place on the stack until the results replace them.
+  c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - nargs, nargs);
+
+  // The signature (and the storages read and written) without Meta twins.
+  Call call;
+  call.cpu_as_meta = cpu_as_meta;
+  // The key's bytes live in a per-thread buffer, reused call after call.
+  thread_local std::string key_buffer;
+  call.key.bytes.swap(key_buffer);
+  call.key.bytes.clear();
+  struct GiveBack {
+    std::string& key;
+    ~GiveBack() { key_buffer.swap(key); }
+  } give_back{call.key.bytes};
+  call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, the settings, then its arguments
+  // The settings kernels read (Meta's included: the default dtype decides
+  // an integer division's result type, a deterministic mode makes some
+  // calls raise) are part of the key and go with the node.
+  const ir::CallState state = ir::current_call_state();
+  call.key.add(static_cast<int64_t>(state.default_dtype) | int64_t{state.deterministic} << 8 |
+               int64_t{state.deterministic_warn_only} << 9 | int64_t{state.fill_uninitialized} << 10 |
+               int64_t{state.matmul_precision} << 11);
+  MetaResult fresh;
+  HeldWarnings warnings;
+  const MetaResult& mr = infer_call(op, args, call, fresh, warnings);
+  auto node = node_for(op, args, call, mr);
+  const OpInfo& info = op_info(op);
+  Outputs o = outputs_of(call, mr, node, info.empty_factory);
+  node->written.reserve(call.mutated_slots.size());
+  for (size_t k = 0; k < call.mutated_slots.size(); ++k)
+    node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
+  node->state = state;
+  node->where = caller_location();
+  node->hash();  // memoized now, on the recording thread, not at the sync
+  warnings.release();
+
+  commit(call, mr, node, o);
+  if (!node->outputs.empty()) runtime::counters().ops_captured++;
+  push_results(stack, nargs, mr, o.results);
+  // Ops outside aten may have Python kernels (custom ops), which need the
+  // GIL; seeded ops borrow the global generator while they run.
+  return !node->seed && info.aten;
 }
 
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
