@@ -1,6 +1,5 @@
 #include "runtime/executor.h"
 #include "ir/held_bytes.h"
-#include "runtime/counters.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
@@ -8,8 +7,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 
-#include "runtime/faults.h"
-#include "runtime/sanitizer.h"
+#include "runtime/observer.h"
 #include "runtime/host_cache.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
@@ -174,12 +172,12 @@ struct Run {
     if (auto r = n.replica(place.device)) return r;
     // Made under the lock (once per device, the first time a device reads
     // it) and complete on return: the copy is kept and read on any stream.
-    fault_point(FaultPoint::Transfer);
+    observers().before_transfer();
     c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
     if (place.streams)
-      report_stream_access(place.device, "the copy of data node " + std::to_string(n.id) + " to " + place.device.str(),
-                           {n.data.data()}, {moved.data()}, /*synchronous=*/true);
-    counters().bytes_transferred += static_cast<int64_t>(moved.nbytes());
+      observers().stream_access(place.device, "the copy of data node " + std::to_string(n.id) + " to " + place.device.str(),
+                                {n.data.data()}, {moved.data()}, /*synchronous=*/true);
+    observers().transferred(moved.nbytes());
     n.add_replica(moved);
     return moved;
   }
@@ -200,7 +198,7 @@ struct Run {
       cv.wait(lock, [&] { return c->second.done; });
       TORCH_CHECK(static_cast<bool>(c->second.bytes), "mgpu: copying a value to ", place.device, " failed");
       if (c->second.ready && c->second.lane != lane) {
-        fault_point(FaultPoint::EventWait);
+        observers().before_event_wait();
         c->second.ready->block(place.stream);
       }
       return c->second.bytes;
@@ -213,12 +211,13 @@ struct Run {
       // this lane's stream (current for its device) waits for the copy.
       std::optional<c10::StreamGuard> on_producer;
       if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
-      fault_point(FaultPoint::Transfer);
+      observers().before_transfer();
       moved.bytes = copy_to(src, place.device);
       if (places[src_lane].streams) {
-        report_stream_access(places[src_lane].device,
-                             "the copy of node " + std::to_string(g.nodes[d]->id) + "'s value to " + place.device.str(),
-                             {src.data()}, {moved.bytes.data()});
+        observers().stream_access(places[src_lane].device,
+                                  "the copy of node " + std::to_string(g.nodes[d]->id) + "'s value to " +
+                                      place.device.str(),
+                                  {src.data()}, {moved.bytes.data()}, /*synchronous=*/false);
         // The copy is queued on the producer's stream: this lane's stream
         // waits for it through an event of ours (ATen's device-to-device
         // copy also orders it with the destination's current stream, both
@@ -241,7 +240,7 @@ struct Run {
       cv.notify_all();
       throw;
     }
-    counters().bytes_transferred += static_cast<int64_t>(moved.bytes.nbytes());
+    observers().transferred(moved.bytes.nbytes());
     ir::hold(moved.bytes);
     moved.done = true;
     lock.lock();
@@ -281,7 +280,7 @@ struct Run {
       try {
         operands.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
       } catch (const std::exception& e) {
-        counters().execution_errors++;
+        observers().node_failed();
         fail(i, Status::Failed, std::current_exception(), message_of(e));
         cv.notify_all();
         return;
@@ -319,13 +318,13 @@ struct Run {
       if (place.streams) {
         for (int d : g.deps[i])
           if (events[d] && p.lane_of[d] != lane) {
-            fault_point(FaultPoint::EventWait);
-            if (!fault_drops(FaultPoint::DropEventWait)) events[d]->block(place.stream);
+            observers().before_event_wait();
+            if (!observers().drops_event_wait()) events[d]->block(place.stream);
           }
         for (const auto& s : operands)
-          if (!fault_drops(FaultPoint::DropRecordUse)) record_use(s, place.stream);
+          if (!observers().drops_record_use()) record_use(s, place.stream);
       }
-      fault_point(FaultPoint::Node, node.name);
+      observers().before_node(node);
       out = run_node(node, std::move(operands), *reuse, place);
       if (events[i]) events[i]->record(place.stream);
       if (place.streams) {
@@ -340,7 +339,7 @@ struct Run {
     lock.lock();
     res.timing[i] = timing;
     if (error) {
-      counters().execution_errors++;
+      observers().node_failed();
       fail(i, Status::Failed, error, message);
     } else {
       for (const auto& o : out) ir::hold(o);
@@ -409,7 +408,7 @@ struct Run {
           bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
         } catch (const std::exception& ex) {
           // Its transfer failed: the group fails with that error.
-          counters().execution_errors++;
+          observers().node_failed();
           for (const auto& step : grp.steps) fail(step.node, Status::Failed, std::current_exception(), message_of(ex));
           lock.unlock();
           cv.notify_all();
@@ -433,7 +432,7 @@ struct Run {
     std::string message;
     try {
       RECORD_FUNCTION("mgpu::fused_pointwise", std::vector<c10::IValue>());
-      for (const auto& step : grp.steps) fault_point(FaultPoint::Node, g.nodes[step.node]->name);
+      for (const auto& step : grp.steps) observers().before_node(*g.nodes[step.node]);
       for (size_t k = 0; k < grp.steps.size(); ++k) {
         if (!grp.steps[k].materialize) continue;
         outputs[k] = allocate(g.nodes[grp.steps[k].node]->outputs[0].nbytes, place.device);
@@ -462,10 +461,10 @@ struct Run {
       res.status[i] = Status::Ok;
     }
     if (error) {
-      counters().execution_errors++;
+      observers().node_failed();
     } else {
       for (const auto& s : grp.steps) release_operands(s.node);
-      counters().ops_executed += static_cast<int64_t>(grp.steps.size());
+      observers().nodes_ran(static_cast<int64_t>(grp.steps.size()));
     }
     lock.unlock();
     if (parallel) cv.notify_all();
@@ -484,7 +483,7 @@ struct Run {
     {
       std::lock_guard<std::mutex> lock(m);
       if (res.status[i] != Status::NotRun) return;
-      counters().execution_errors++;
+      observers().node_failed();
       fail(i, Status::Failed, e, msg);
     }
     cv.notify_all();
@@ -554,9 +553,9 @@ struct Run {
     }
     if (!place.streams || order.empty()) return;
     try {
-      fault_point(FaultPoint::StreamSync);
+      observers().before_stream_sync();
       place.stream.synchronize();
-      report_lane_done();
+      observers().lane_done();
       device_times(l, *lane_start, lane_start_s);
     } catch (const std::exception& e) {
       // The device reported an error for work queued on this stream; which
@@ -564,7 +563,7 @@ struct Run {
       // keep whatever the device left (a device in this state fails every
       // later call anyway).
       std::lock_guard<std::mutex> lock(m);
-      counters().execution_errors++;
+      observers().node_failed();
       if (!res.first_error) {
         res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
             " failed: " + message_of(e);
@@ -650,12 +649,13 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     }
   }
   res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (stream_sanitizer_on()) {
-    report_run_done();
+  if (observers().watches_streams()) {
     // The values left are the results: the host reads them from here on.
+    std::vector<std::pair<const void*, std::string>> results;
     for (size_t i = 0; i < n; ++i)
       for (const auto& v : res.values[i])
-        if (v) report_host_read(v.data(), "a result of node " + std::to_string(g.nodes[i]->id));
+        if (v) results.emplace_back(v.data(), "a result of node " + std::to_string(g.nodes[i]->id));
+    observers().run_done(results);
   }
   return res;
 }

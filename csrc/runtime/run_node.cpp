@@ -3,8 +3,7 @@
 // recorded.
 #include "runtime/run_node.h"
 #include "ir/call_state.h"
-#include "runtime/sanitizer.h"
-#include "runtime/counters.h"
+#include "runtime/observer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
@@ -63,11 +62,12 @@ std::string describe_node(const ir::Node& n) {
 
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
                                    const std::vector<bool>& reuse, const Place& place) {
-  // Stream lanes under the sanitizer: what the node's work on its stream reads.
-  std::vector<const void*> sanitized_reads;
-  const bool sanitize = place.streams && stream_sanitizer_on();
-  if (sanitize)
-    for (const auto& s : operands) sanitized_reads.push_back(s.data());
+  // Stream lanes watched by an observer (the sanitizer): what the node's
+  // work on its stream reads.
+  std::vector<const void*> stream_reads;
+  const bool watched = place.streams && observers().watches_streams();
+  if (watched)
+    for (const auto& s : operands) stream_reads.push_back(s.data());
   // Each operand a distinct storage; writes go to a private copy unless the
   // plan proved this node the value's only reader.
   for (const auto& o : n.outputs)
@@ -225,13 +225,13 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       out.push_back(r.storage());
     }
   }
-  if (sanitize) {
+  if (watched) {
     std::vector<const void*> writes;
     for (const auto& s : out) writes.push_back(s.data());
-    report_stream_access(place.device, "node " + std::to_string(n.id) + " (" + std::string(n.name) + ")",
-                         sanitized_reads, writes);
+    observers().stream_access(place.device, "node " + std::to_string(n.id) + " (" + std::string(n.name) + ")",
+                              stream_reads, writes, /*synchronous=*/false);
   }
-  counters().ops_executed++;
+  observers().nodes_ran(1);
   return out;
 }
 
