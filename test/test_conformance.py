@@ -246,3 +246,100 @@ def test_a_host_out_tensor_is_another_device_even_when_0_dim():
     with pytest.raises(RuntimeError, match="on the same device"):
         torch.add(t, 1, out=torch.empty([]))
     assert_same(t + torch.tensor(2.0), t.cpu() + 2.0)
+
+
+def test_a_python_number_and_a_0_dim_tensor_promote_differently():
+    # Their calls have one signature apart from that: the cache tells them apart.
+    for d in ("cpu", "mgpu"):
+        i = torch.arange(5, device=d)
+        assert (i + 1.5).dtype == torch.float32
+        assert (i + torch.tensor(2.5, dtype=torch.float64)).dtype == torch.float64
+        assert (i * torch.tensor(0.5, dtype=torch.float64)).dtype == torch.float64
+    i = torch.arange(5)
+    assert_same(torch.arange(5, device="mgpu") + torch.tensor(2.5, dtype=torch.float64), i + torch.tensor(2.5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("op", [torch.abs, torch.logical_not, torch.neg, torch.exp])
+def test_pointwise_results_keep_their_inputs_dense_layout(op):
+    x = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    p = torch.randn(2, 3, 4).permute(2, 0, 1)
+    for t in (x, p):
+        got, want = op(t.to("mgpu")), op(t)
+        assert got.stride() == want.stride()
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("factory", [lambda d: torch.empty(3, device=d), lambda d: torch.empty(2, 2, dtype=torch.int32, device=d),
+                                     lambda d: torch.empty_strided((2, 3), (1, 2), device=d),
+                                     lambda d: torch.empty_like(torch.ones(3, dtype=torch.float64, device=d))])
+def test_deterministic_mode_fills_uninitialized_memory(factory):
+    from torch.testing._internal.common_utils import DeterministicGuard
+    with DeterministicGuard(True, fill_uninitialized_memory=True):
+        got, want = factory("mgpu"), factory("cpu")
+    assert torch.equal(got.cpu().isnan(), want.isnan()) and got.dtype == want.dtype
+    if not want.is_floating_point():
+        assert_same(got, want)
+
+
+def test_copy_on_write_clone_and_storages_mgpu_did_not_make():
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device="mgpu")
+    c = t._lazy_clone()
+    t.add_(1)
+    assert_same(c, torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+    s = torch.tensor([[1.5, 2.5]], device="mgpu").untyped_storage()
+    with pytest.raises(NotImplementedError, match="not made by mgpu"):
+        torch.tensor([], dtype=torch.uint8, device="mgpu").set_(s[0:4])
+
+
+RANDOM_REFUSED = [
+    lambda d: torch.empty(3, device=d).random_(0, -1),
+    lambda d: torch.empty(3, dtype=torch.int16, device=d).random_(-2**40, 5),
+    lambda d: torch.empty(3, device=d).uniform_(0, -42),
+    lambda d: torch.empty(3, device=d).uniform_(-3e38, 3e38),
+    lambda d: torch.rand(2, dtype=torch.int64, device=d),
+    lambda d: torch.randint(6, (2,), dtype=torch.complex64, device=d),
+    lambda d: torch.rand((1,), device=d).expand(6).bernoulli_(),
+    lambda d: torch.randperm(2**24 + 2, out=torch.empty(0, device=d), device=d),
+]
+
+
+@pytest.mark.parametrize("call", RANDOM_REFUSED)
+def test_random_ops_check_their_arguments_at_the_call(call):
+    with pytest.raises(Exception) as eager:
+        call("cpu")
+    with pytest.raises(Exception) as lazy:
+        call("mgpu")
+    assert type(lazy.value) is type(eager.value)
+    torch_mgpu.synchronize()  # nothing left to raise
+
+
+def test_checking_random_ops_moves_no_generator():
+    torch.manual_seed(5)
+    want_cpu = torch.rand(3)
+    want_mgpu = torch.rand(4, device="mgpu").cpu()
+    torch.manual_seed(5)
+    g = torch.Generator(device="mgpu").manual_seed(3)
+    torch.empty(7, device="mgpu").uniform_(0, 1)      # first calls of these signatures are checked on CPU
+    torch.empty(9, device="mgpu").normal_(generator=g)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), want_cpu)
+    assert torch.equal(torch.rand(4, device="mgpu").cpu(), want_mgpu)
+
+
+def test_out_tensors_end_as_the_cpu_kernel_leaves_them():
+    res_cpu = torch.rand(3, 3, 4).permute(2, 0, 1)  # the right numel, another shape: kept
+    res = res_cpu.to("mgpu")
+    torch.linspace(0, 36, 36, out=res_cpu)
+    torch.linspace(0, 36, 36, out=res)
+    assert res.shape == res_cpu.shape == (4, 3, 3) and res.stride() == res_cpu.stride()
+    assert_same(res, res_cpu, exact=False)
+    a = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    got = torch.cat((a.to("mgpu"), a.to("mgpu")), out=torch.empty(0, device="mgpu"))
+    want = torch.cat((a, a), out=torch.empty(0))
+    assert got.stride() == want.stride()
+    assert_same(got, want)
+    res_cpu = torch.rand(3, 3, 4).permute(2, 0, 1)
+    res = res_cpu.to("mgpu")
+    torch.logspace(0, 2, 36, out=res)
+    torch.logspace(0, 2, 36, out=res_cpu)
+    assert_same(res, res_cpu, exact=False)

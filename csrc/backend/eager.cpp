@@ -177,7 +177,12 @@ void check_mgpu_storage(const at::Tensor& self, const c10::Storage& source) {
   TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
               "Attempted to set the storage of a tensor on device \"", self.device(),
               "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the devices must match.");
+  (void)capture::buffer_of(source);  // refuses a storage mgpu did not make (a slice of one), by name
 }
+
+// A copy-on-write clone is a clone here: mgpu's values are versions already
+// (a write makes a new one), so the copy shares nothing that could change.
+at::Tensor mgpu_lazy_clone(const at::Tensor& self) { return self.clone(); }
 
 at::Tensor& mgpu_set_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                                     c10::SymIntArrayRef stride) {
@@ -250,4 +255,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(torch_mgpu::backend::mgpu_set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(torch_mgpu::backend::mgpu_set_tensor));
   m.impl("set_", TORCH_FN(torch_mgpu::backend::mgpu_set_empty));
+  m.impl("_lazy_clone", TORCH_FN(torch_mgpu::backend::mgpu_lazy_clone));
 }

@@ -124,11 +124,16 @@ bool is_mgpu(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
 }
 
+bool is_lazy_storage(const c10::Storage& storage) { return storage.data_ptr().get_deleter() == &delete_buffer; }
+
 LazyBuffer* buffer_of(const c10::Storage& storage) {
-  const auto& dp = storage.data_ptr();
-  TORCH_INTERNAL_ASSERT(dp.get_deleter() == &delete_buffer,
-                        "mgpu tensor without a lazy buffer");
-  return static_cast<LazyBuffer*>(dp.get_context());
+  // Storages that PyTorch makes over another's bytes (a slice of an
+  // UntypedStorage, a tensor from a DLPack capsule) have no buffer of ours.
+  TORCH_CHECK_NOT_IMPLEMENTED(is_lazy_storage(storage),
+                              "mgpu: this storage was not made by mgpu (a slice of an untyped storage, or a tensor from "
+                              "a DLPack capsule): mgpu cannot read or write it; slice or copy the tensor instead "
+                              "(x[a:b], x.clone())");
+  return static_cast<LazyBuffer*>(storage.data_ptr().get_context());
 }
 
 ir::TensorGeometry geometry_of(const at::Tensor& t) {

@@ -27,7 +27,10 @@ struct LazyBuffer {
 c10::Allocator* lazy_allocator();
 
 bool is_mgpu(const at::Tensor& t);
-// The LazyBuffer of an mgpu storage (never null for an mgpu tensor).
+// Whether `storage` is an mgpu storage made here (it has a LazyBuffer).
+bool is_lazy_storage(const c10::Storage& storage);
+// The LazyBuffer of an mgpu storage; refuses (NotImplementedError, by name) a
+// storage mgpu did not make.
 LazyBuffer* buffer_of(const c10::Storage& storage);
 inline LazyBuffer* buffer_of(const at::Tensor& t) { return buffer_of(t.storage()); }
 

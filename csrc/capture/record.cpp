@@ -136,6 +136,10 @@ struct Call {
       key.add(-2);
       key.add_geometry(geometry_of(t));
       key.add(static_cast<int64_t>(t.device().type()));
+      // A Python number (wrapped) and a 0-dim tensor of the same dtype
+      // promote differently (`int_tensor + 2.5` is float32, `int_tensor +
+      // torch.tensor(2.5, dtype=torch.float64)` float64).
+      key.add(t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
       if (cpu_as_meta && build_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
       return t;  // meta kernels accept CPU scalars and refuse the rest, as eager does
     }
@@ -291,6 +295,25 @@ bool no_meta_kernel(const c10::Error& e) {
       msg.find("_overrideable not implemented") != std::string::npos;  // convolution's composite on Meta
 }
 
+// The default CPU generator's state, put back when this is destroyed.
+class CpuGeneratorRestored {
+public:
+  CpuGeneratorRestored() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+  }
+  ~CpuGeneratorRestored() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
+  CpuGeneratorRestored(const CpuGeneratorRestored&) = delete;
+  CpuGeneratorRestored& operator=(const CpuGeneratorRestored&) = delete;
+
+private:
+  at::Generator gen_;
+  at::Tensor saved_;
+};
+
 MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool cpu_as_meta) {
   TORCH_CHECK_NOT_IMPLEMENTED(!cpu_as_meta, "mgpu: ", op.schema().name(), " has no Meta kernel");
   Call twins;
@@ -298,25 +321,9 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   twins.cpu_twins = true;
   auto targs = meta_arguments(op.schema(), args, twins);
   c10::WarningUtils::WarningHandlerGuard quiet(&ir::silent_warnings());
-  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return infer(op, std::move(targs), twins);
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    saved = gen.get_state();
-  }
-  auto restore = [&] {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(saved);
-  };
-  try {
-    MetaResult r = infer(op, std::move(targs), twins);
-    restore();
-    return r;
-  } catch (...) {
-    restore();
-    throw;
-  }
+  std::optional<CpuGeneratorRestored> restored;
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) restored.emplace();
+  return infer(op, std::move(targs), twins);
 }
 
 // Meta kernels check shapes but rarely dtypes or other arguments: a CPU
@@ -328,13 +335,13 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
 // call, as eager raises it, even when the result is never read. An error
 // that zeros provoke and ones do not (an integer division by zero), or a
 // LinAlgError (a singular matrix of zeros), comes from the data: it is left
-// to the sync, where the real data decides. A large call first runs over
+// to the sync, where the real data decides. Random ops draw from throwaway
+// generators there (see probe_errors). A large call first runs over
 // zeros whose every dim is cut to at most 2 (microseconds): where that
 // passes, the checks passed; where it fails (perhaps only because of the cut
 // shapes: a view's sizes, an index past the cut), it runs in full as a
 // small call does, up to 2^24 input elements. Larger calls that fail that
-// cheap run raise their dtype errors at the sync, naming the op. Ops that
-// draw random numbers are not probed: the probe must not move a generator.
+// cheap run raise their dtype errors at the sync, naming the op.
 int64_t input_numel(c10::ArrayRef<c10::IValue> args) {
   int64_t n = 0;
   for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { n += t.numel(); });
@@ -360,10 +367,15 @@ size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
 // Each mgpu storage becomes one CPU storage (when they are small), so that
 // views that share bytes share them here too and the kernel's overlap
 // checks see what eager's would (`c[idx] = c` on a column of a matrix).
-torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones, bool quiet) {
+// With `written` (small calls, whose twins keep the mgpu tensors' layout),
+// the geometry each written tensor was left with, in the order of the
+// call's written slots (left empty for large calls).
+torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones, bool quiet,
+                             std::vector<ir::TensorGeometry>* written = nullptr) {
   constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
   std::vector<at::Tensor> filled;  // the tensors standing for mgpu ones
+  std::vector<at::Tensor> written_twins;
   if (storage_bytes(args) <= kMaxAliasedBytes) {
     Call twins;
     twins.build_meta = true;
@@ -374,10 +386,15 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
         for (const auto& m : twins.meta)
           if (t.storage().unsafeGetStorageImpl() == m.unsafeGetStorageImpl()) filled.push_back(t);
       });
+    written_twins = twins.mutated_meta;
   } else {
     for (const auto& v : args) {
       if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
         s.emplace_back(c10::Device(c10::kCPU));
+        continue;
+      }
+      if (v.isGenerator()) {  // the probe draws from a throwaway generator
+        s.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
         continue;
       }
       s.push_back(map_tensors(v, [&](const at::Tensor& t) {
@@ -404,6 +421,10 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       }
     }
   op.callBoxed(&s);
+  if (written) {
+    written->clear();
+    for (const auto& t : written_twins) written->push_back(geometry_of(t));
+  }
   return s;
 }
 
@@ -415,6 +436,10 @@ torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   for (const auto& v : args) {
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       s.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    if (v.isGenerator()) {
+      s.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
       continue;
     }
     s.push_back(map_tensors(v, [&](const at::Tensor& t) {
@@ -465,6 +490,23 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_to
   }
 }
 
+// Where the CPU kernel leaves a written tensor with another geometry than
+// Meta promised (an out= tensor of the right numel keeps its shape in
+// linspace's CPU kernel; an empty out= of cat takes its inputs' channels-last
+// layout), the tensor ends as eager leaves it. `written`: from the probe, in
+// the order of the call's written slots (empty: nothing known).
+void take_cpu_written(const std::vector<ir::TensorGeometry>& written, MetaResult& r) {
+  if (written.size() != r.mutated_geom.size()) return;
+  for (size_t k = 0; k < written.size(); ++k) {
+    const auto& g = written[k];
+    if (g == r.mutated_geom[k] || g.dtype != r.mutated_geom[k].dtype) continue;
+    r.mutated_geom[k] = g;
+    const size_t item = c10::elementSize(g.dtype);
+    r.mutated_nbytes[k] = std::max(r.mutated_nbytes[k], at::detail::computeStorageNbytes(g.sizes, g.strides, item) +
+                                                             static_cast<size_t>(g.offset) * item);
+  }
+}
+
 // Factorizations and solves refuse singular matrices, which zeros and ones
 // both are: only their "not implemented for" errors are the call's.
 bool refuses_singular(const std::string& name) {
@@ -478,7 +520,12 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   // Only ATen's own kernels: a custom op's kernel may be any code (a
   // compiled partition, Python), not to be run on made-up inputs.
   if (schema.name().rfind("aten::", 0) != 0) return;
-  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  // Random ops are probed too (their bounds checks: `random_(0, -1)`,
+  // `uniform_(0, -42)`): a Generator argument becomes a throwaway one, and
+  // the default CPU generator, which a call without one draws from, gets
+  // its state back: the probe moves no generator the program can see.
+  std::optional<CpuGeneratorRestored> restored;
+  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) restored.emplace();
   constexpr int64_t kMaxFullProbeNumel = int64_t{1} << 24;
   // Tensor results only, one per MetaResult tensor, in order.
   bool plain = true;
@@ -496,8 +543,10 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     quiet = true;  // the cut run's warnings were dropped; so are these
   }
   try {
-    auto results = probe_call(op, args, /*ones=*/false, quiet);
+    std::vector<ir::TensorGeometry> written;
+    auto results = probe_call(op, args, /*ones=*/false, quiet, &written);
     if (plain) take_cpu_results(results, meta, /*sizes_too=*/true);
+    take_cpu_written(written, meta);
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
     // c10::Error, or a plain std::runtime_error ("value cannot be converted
@@ -532,6 +581,28 @@ void saves_nothing_in_eval(const c10::FunctionSchema& schema, c10::ArrayRef<c10:
     t.geom.offset = 0;
     t.nbytes = 0;
   }
+}
+
+// A pointwise op's result takes its input's layout when that is dense (as
+// TensorIterator lays it out: channels-last stays channels-last, a permuted
+// tensor's result is permuted alike). A few Meta kernels (abs,
+// logical_not) return contiguous strides there; the result gets eager's.
+void follow_input_layout(c10::ArrayRef<c10::IValue> args, MetaResult& r) {
+  if (r.tensors.size() != 1 || !r.tensors[0].defined || r.tensors[0].alias >= 0) return;
+  const at::Tensor* input = nullptr;
+  for (const auto& v : args) {
+    if (!v.isTensor() || !is_mgpu(v.toTensor())) continue;
+    if (input) return;  // one tensor input only: with several, TensorIterator weighs them all
+    input = &v.toTensor();
+  }
+  if (!input) return;
+  auto& out = r.tensors[0].geom;
+  if (c10::IntArrayRef(out.sizes) != input->sizes() || input->is_contiguous() ||
+      !input->is_non_overlapping_and_dense())
+    return;
+  const auto contiguous = c10::contiguous_strides(input->sizes());
+  if (c10::IntArrayRef(out.strides) != c10::IntArrayRef(contiguous) || out.offset != 0) return;
+  out.strides.assign(input->strides().begin(), input->strides().end());
 }
 
 // eager restrides an out= tensor only when it resizes it; an out= tensor of
@@ -660,6 +731,7 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
     if (op_info(op).batch_norm) saves_nothing_in_eval(schema, args, fresh);
+    if (op.hasTag(at::Tag::pointwise)) follow_input_layout(args, fresh);
     keep_out_layouts(schema, full, fresh);
     // A call that warned is not cached: the next one warns again, as eager
     // does (a uint8 mask's deprecation), or not, for a kernel that warns once.
@@ -860,7 +932,11 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   const MetaResult& mr = infer_call(op, args, call, fresh, warnings);
   auto node = node_for(op, args, call, mr);
   const OpInfo& info = op_info(op);
-  Outputs o = outputs_of(call, mr, node, info.empty_factory);
+  // torch.empty's bytes are an Empty value, allocated where first read,
+  // unless deterministic mode fills uninitialized memory: then the kernel
+  // runs (under the call's settings) and fills them, as eager's does.
+  const bool uninitialized = info.empty_factory && !(state.deterministic && state.fill_uninitialized);
+  Outputs o = outputs_of(call, mr, node, uninitialized);
   node->written.reserve(call.mutated_slots.size());
   for (size_t k = 0; k < call.mutated_slots.size(); ++k)
     node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
