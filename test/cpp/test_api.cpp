@@ -134,7 +134,7 @@ TEST(Api, SimulateStatsAndLimits) {
   torch_mgpu::synchronize();
   const int64_t async = torch_mgpu::async_ops();
   torch_mgpu::set_async_ops(0);
-  auto x = torch::randn({64, 64}).to(torch_mgpu::device());
+  auto x = torch::randn({128, 128}).to(torch_mgpu::device());  // branches that lanes clearly speed up
   std::vector<torch::Tensor> ys;
   for (int k = 0; k < 8; ++k) ys.push_back(torch::tanh(x.matmul(x) * (k + 1)));
   EXPECT_GE(torch_mgpu::pending_ops(), 16);
