@@ -205,6 +205,11 @@ def test_sparse_and_quantized_factories_are_refused_by_name():
         torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,), device="mgpu")
     with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):
         torch.empty(3, device="mgpu", layout=torch.sparse_coo)
+    csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.tensor([1.0, 2.0]), (2, 2),
+                                  device="mgpu")  # made by PyTorch's composite constructor; no op takes it
+    for op in (lambda t: torch.sparse.mm(t, torch.ones(2, 2, device="mgpu"), "sum"), lambda t: t.to_dense()):
+        with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):
+            op(csr)
     x = torch.randn(3, 3, device="mgpu")
     for to_sparse in (lambda t: t.to_sparse(), lambda t: t.to_sparse_csr()):
         with pytest.raises(NotImplementedError, match="mgpu: sparse tensors are not supported"):

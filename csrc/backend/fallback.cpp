@@ -137,6 +137,9 @@ void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_sparse>());
 }
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_sparse>());
+}
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_quantized>());
 }
