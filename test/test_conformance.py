@@ -348,3 +348,19 @@ def test_out_tensors_end_as_the_cpu_kernel_leaves_them():
     torch.logspace(0, 2, 36, out=res)
     torch.logspace(0, 2, 36, out=res_cpu)
     assert_same(res, res_cpu, exact=False)
+
+
+def test_a_tensor_passed_twice_is_one_tensor_for_the_kernel():
+    # topk into its own input: kernels allow a tensor to overlap itself, not an equal view of it.
+    x = torch.randn(5, dtype=torch.float64)
+    got_x, got_i = x.to("mgpu"), torch.zeros(5, dtype=torch.long, device="mgpu")
+    want_x, want_i = x.clone(), torch.zeros(5, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the out= tensors are resized
+        torch.topk(got_x, 2, 0, out=(got_x, got_i))
+        torch.topk(want_x, 2, 0, out=(want_x, want_i))
+    assert_same(got_x, want_x)
+    assert_same(got_i, want_i)
+    y = torch.randn(4, 4)
+    ym = y.to("mgpu")
+    assert_same(torch.mul(ym, ym, out=ym), torch.mul(y, y, out=y.clone()))

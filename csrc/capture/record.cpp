@@ -633,10 +633,33 @@ struct NodeBuilder {
   Call& call;
   ir::Node& node;
   std::unordered_map<c10::TensorImpl*, ir::TensorRef> cpu_refs;
+  // mgpu tensors passed more than once, each with its `same` number.
+  std::vector<std::pair<const c10::TensorImpl*, int>> repeated;
+
+  void find_repeated(c10::ArrayRef<c10::IValue> args) {
+    std::vector<const c10::TensorImpl*> seen;
+    for (const auto& v : args)
+      for_each_tensor(v, [&](const at::Tensor& t) {
+        if (!is_mgpu(t)) return;
+        const auto* impl = t.unsafeGetTensorImpl();
+        if (std::find(seen.begin(), seen.end(), impl) == seen.end()) {
+          seen.push_back(impl);
+          return;
+        }
+        for (const auto& r : repeated)
+          if (r.first == impl) return;
+        repeated.emplace_back(impl, static_cast<int>(repeated.size()));
+      });
+  }
 
   std::optional<ir::TensorRef> ref(const at::Tensor& t) {
     if (!t.defined()) return std::nullopt;
-    if (is_mgpu(t)) return ir::TensorRef{call.index_at(t), geometry_of(t)};
+    if (is_mgpu(t)) {
+      ir::TensorRef r{call.index_at(t), geometry_of(t)};
+      for (const auto& [impl, same] : repeated)
+        if (impl == t.unsafeGetTensorImpl()) r.same = same;
+      return r;
+    }
     auto it = cpu_refs.find(t.unsafeGetTensorImpl());
     if (it != cpu_refs.end()) return it->second;
     at::Tensor snap = t.clone(at::MemoryFormat::Contiguous);
@@ -763,7 +786,8 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
       TORCH_CHECK(false, "mgpu: an input of ", node->name, " has no value: ", v.node->error);
     node->operands.push_back(v);
   }
-  NodeBuilder nb{call, *node, {}};
+  NodeBuilder nb{call, *node, {}, {}};
+  nb.find_repeated(args);
   bool random = info.random;
   for (size_t i = 0; i < nargs; ++i) {
     const auto& v = args[i];

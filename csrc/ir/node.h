@@ -41,6 +41,11 @@ struct TensorGeometry {
 struct TensorRef {
   int operand = 0;
   TensorGeometry geom;
+  // A tensor passed to the call more than once (`topk(x, 2, out=(x, i))`):
+  // its number among such tensors, so that the kernel gets one tensor there
+  // too (kernels allow a tensor to overlap itself, not an equal view); -1
+  // for a tensor passed once.
+  int same = -1;
 };
 
 // One argument of the recorded call: a constant, or tensors that are views

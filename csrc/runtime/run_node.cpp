@@ -33,9 +33,15 @@ bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
       t.is_neg() == g.neg;
 }
 
-c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s) {
+// A tensor argument over the operands' bytes; a tensor the call was passed
+// more than once is one tensor here too (`same`: those made so far).
+c10::IValue tensor_ivalue(const std::optional<ir::TensorRef>& r, const std::vector<c10::Storage>& s,
+                          std::vector<at::Tensor>& same) {
   if (!r) return c10::IValue();
-  return view(s[r->operand], r->geom);
+  if (r->same < 0) return view(s[r->operand], r->geom);
+  if (static_cast<size_t>(r->same) >= same.size()) same.resize(r->same + 1);
+  if (!same[r->same].defined()) same[r->same] = view(s[r->operand], r->geom);
+  return same[r->same];
 }
 
 // Capture records the mgpu device as "cpu" and generators as seeded CPU
@@ -89,24 +95,25 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   stack.clear();
   returned.clear();
   written.clear();
+  std::vector<at::Tensor> same;
   for (const auto& a : n.args) {
     switch (a.kind) {
       case ir::Arg::Kind::Constant:
         stack.push_back(constant_at(a.constant, place));
         break;
       case ir::Arg::Kind::Tensor:
-        stack.push_back(tensor_ivalue(a.tensors[0], operands));
+        stack.push_back(tensor_ivalue(a.tensors[0], operands, same));
         break;
       case ir::Arg::Kind::TensorList: {
         c10::List<at::Tensor> l;
-        for (const auto& r : a.tensors) l.push_back(tensor_ivalue(r, operands).toTensor());
+        for (const auto& r : a.tensors) l.push_back(tensor_ivalue(r, operands, same).toTensor());
         stack.emplace_back(l);
         break;
       }
       case ir::Arg::Kind::OptionalTensorList: {
         c10::List<std::optional<at::Tensor>> l;
         for (const auto& r : a.tensors)
-          l.push_back(r ? std::optional<at::Tensor>(view(operands[r->operand], r->geom)) : std::nullopt);
+          l.push_back(r ? std::optional<at::Tensor>(tensor_ivalue(r, operands, same).toTensor()) : std::nullopt);
         stack.emplace_back(l);
         break;
       }
