@@ -101,8 +101,16 @@ struct Call {
   std::vector<std::pair<int, int>> mutated_at;  // their (argument, list element or -1)
   std::vector<at::Tensor> mutated_meta;       // their Meta twins
   int arg = 0, element = -1;  // where to_meta's tensor sits in the call
-  std::vector<const c10::TensorImpl*> seen;  // mgpu tensors met so far, and their twins
+  std::vector<const c10::TensorImpl*> seen;  // mgpu tensors met so far, how often, and their twins
+  std::vector<int> seen_count;
   std::vector<at::Tensor> seen_twins;
+  // The number of a tensor passed more than once (its place in `seen`), or
+  // -1 (ir::TensorRef::same).
+  int repeated(const at::Tensor& t) const {
+    for (size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] == t.unsafeGetTensorImpl()) return seen_count[k] > 1 ? static_cast<int>(k) : -1;
+    return -1;
+  }
   SignatureKey key;
   c10::DeviceIndex device = 0;
   bool cpu_as_meta = false;  // copies take a whole CPU tensor as their source
@@ -154,7 +162,12 @@ struct Call {
     int same = -1;
     for (size_t k = 0; k < seen.size(); ++k)
       if (seen[k] == t.unsafeGetTensorImpl()) same = static_cast<int>(k);
-    if (same < 0) seen.push_back(t.unsafeGetTensorImpl());
+    if (same < 0) {
+      seen.push_back(t.unsafeGetTensorImpl());
+      seen_count.push_back(1);
+    } else {
+      ++seen_count[same];
+    }
     key.add(same);
     if (mutated) {
       mutated_slots.push_back(t);
@@ -363,6 +376,34 @@ size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
   return n;
 }
 
+// The call's arguments for a probe without aliasing: each mgpu tensor a CPU
+// tensor of zeros of its dtype and sizes (`cut`: each dim cut to at most
+// 2, the rank and the empty dims kept), the mgpu device the CPU, a
+// Generator a throwaway one. `filled` gets the tensors of zeros.
+torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std::vector<at::Tensor>* filled) {
+  torch::jit::Stack s;
+  for (const auto& v : args) {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      s.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    if (v.isGenerator()) {  // the probe draws from a throwaway generator
+      s.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
+      continue;
+    }
+    s.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      if (!is_mgpu(t)) return t;
+      std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+      if (cut)
+        for (auto& d : sizes) d = std::min<int64_t>(d, 2);
+      at::Tensor z = at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
+      if (filled) filled->push_back(z);
+      return z;
+    }));
+  }
+  return s;
+}
+
 // Runs the call on CPU over zeros (or ones) in place of the mgpu tensors.
 // Each mgpu storage becomes one CPU storage (when they are small), so that
 // views that share bytes share them here too and the kernel's overlap
@@ -388,22 +429,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       });
     written_twins = twins.mutated_meta;
   } else {
-    for (const auto& v : args) {
-      if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-        s.emplace_back(c10::Device(c10::kCPU));
-        continue;
-      }
-      if (v.isGenerator()) {  // the probe draws from a throwaway generator
-        s.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
-        continue;
-      }
-      s.push_back(map_tensors(v, [&](const at::Tensor& t) {
-        if (!is_mgpu(t)) return t;
-        at::Tensor z = at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
-        filled.push_back(z);
-        return z;
-      }));
-    }
+    s = zero_arguments(args, /*cut=*/false, &filled);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -432,23 +458,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
 // most 2 (the rank and the empty dims stay): the dtype checks of a large
 // call at the cost of a tiny one.
 torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  torch::jit::Stack s;
-  for (const auto& v : args) {
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      s.emplace_back(c10::Device(c10::kCPU));
-      continue;
-    }
-    if (v.isGenerator()) {
-      s.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
-      continue;
-    }
-    s.push_back(map_tensors(v, [&](const at::Tensor& t) {
-      if (!is_mgpu(t)) return t;
-      std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-      for (auto& d : sizes) d = std::min<int64_t>(d, 2);
-      return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
-    }));
-  }
+  torch::jit::Stack s = zero_arguments(args, /*cut=*/true, nullptr);
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard silenced(&ir::silent_warnings());
@@ -633,31 +643,11 @@ struct NodeBuilder {
   Call& call;
   ir::Node& node;
   std::unordered_map<c10::TensorImpl*, ir::TensorRef> cpu_refs;
-  // mgpu tensors passed more than once, each with its `same` number.
-  std::vector<std::pair<const c10::TensorImpl*, int>> repeated;
-
-  void find_repeated(c10::ArrayRef<c10::IValue> args) {
-    std::vector<const c10::TensorImpl*> seen;
-    for (const auto& v : args)
-      for_each_tensor(v, [&](const at::Tensor& t) {
-        if (!is_mgpu(t)) return;
-        const auto* impl = t.unsafeGetTensorImpl();
-        if (std::find(seen.begin(), seen.end(), impl) == seen.end()) {
-          seen.push_back(impl);
-          return;
-        }
-        for (const auto& r : repeated)
-          if (r.first == impl) return;
-        repeated.emplace_back(impl, static_cast<int>(repeated.size()));
-      });
-  }
-
   std::optional<ir::TensorRef> ref(const at::Tensor& t) {
     if (!t.defined()) return std::nullopt;
     if (is_mgpu(t)) {
       ir::TensorRef r{call.index_at(t), geometry_of(t)};
-      for (const auto& [impl, same] : repeated)
-        if (impl == t.unsafeGetTensorImpl()) r.same = same;
+      r.same = call.repeated(t);
       return r;
     }
     auto it = cpu_refs.find(t.unsafeGetTensorImpl());
@@ -786,8 +776,7 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
       TORCH_CHECK(false, "mgpu: an input of ", node->name, " has no value: ", v.node->error);
     node->operands.push_back(v);
   }
-  NodeBuilder nb{call, *node, {}, {}};
-  nb.find_repeated(args);
+  NodeBuilder nb{call, *node, {}};
   bool random = info.random;
   for (size_t i = 0; i < nargs; ++i) {
     const auto& v = args[i];

@@ -41,10 +41,10 @@ struct TensorGeometry {
 struct TensorRef {
   int operand = 0;
   TensorGeometry geom;
-  // A tensor passed to the call more than once (`topk(x, 2, out=(x, i))`):
-  // its number among such tensors, so that the kernel gets one tensor there
-  // too (kernels allow a tensor to overlap itself, not an equal view); -1
-  // for a tensor passed once.
+  // A tensor passed to the call more than once (`topk(x, 2, out=(x, i))`)
+  // has one number at every place it is passed, so that the kernel gets one
+  // tensor there too (kernels allow a tensor to overlap itself, not an equal
+  // view); -1 for a tensor passed once.
   int same = -1;
 };
 
