@@ -149,18 +149,23 @@ def _written(tree):
             f = node.func
             if isinstance(f, ast.Attribute) and f.attr.endswith("_") and not f.attr.endswith("__"):
                 out.add(_base_name(f.value))
-            for kw in node.keywords:
-                if kw.arg == "out":
-                    out |= {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name) and VAR.match(n.id)}
+    out |= _out_names(tree)
     out.discard(None)
     return out
 
 
+def _out_names(tree):
+    """The names passed as out= tensors."""
+    return {n.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+            for kw in node.keywords if kw.arg == "out"
+            for n in ast.walk(kw.value) if isinstance(n, ast.Name) and VAR.match(n.id)}
+
+
 class Stmt:
     """One line of a program. `tag` names the kind of statement (its group
-    when it mismatches); the names it stores, loads and may write in place
-    come from its AST."""
-    __slots__ = ("src", "tag", "stores", "loads", "writes")
+    when it mismatches); the names it stores, loads, may write in place and
+    passes as out= come from its AST."""
+    __slots__ = ("src", "tag", "stores", "loads", "writes", "outs")
 
     def __init__(self, src, tag):
         self.src, self.tag = src, tag
@@ -170,6 +175,7 @@ class Stmt:
             if isinstance(node, ast.Name) and VAR.match(node.id):
                 (self.stores if isinstance(node.ctx, ast.Store) else self.loads).add(node.id)
         self.writes = _written(tree)
+        self.outs = _out_names(tree)
 
     def __repr__(self):
         return f"Stmt({self.src!r}, {self.tag!r})"
@@ -842,7 +848,7 @@ class Gen:
             if outs[0] is None or outs[1] is None:
                 return
             v1, v2 = self.fresh(), self.fresh()
-            self.emit(f"{v1}, {v2} = {call}out=({outs[0]}, {outs[1]}))", "out." + op)
+            self.emit(f"{v1}, {v2} = {call}out=({outs[0]}, {outs[1]}))", self.out_tag(op, call, outs))
             return
         op, call, _ = r.choices(ops, [w for *_, w in ops])[0]
         res = self.peek(call + ")")
@@ -851,7 +857,18 @@ class Gen:
         out = self.out_tensor(res)
         if out is None:
             return
-        self.emit(f"{self.fresh()} = {call}out={out})", "out." + op)
+        self.emit(f"{self.fresh()} = {call}out={out})", self.out_tag(op, call, [out]))
+
+    def out_tag(self, op, call, outs):
+        """The tag of an out= call of `op`: marked ALIASED where an out=
+        tensor shares memory with an input (eager's result then depends on
+        its kernel's order of reads and writes)."""
+        def storage(name):
+            t = self.val(name)
+            return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else None
+        inputs = {storage(n) for n in set(re.findall(r"\b[vhs]\d+\b", call)) if n in self.ns} - {None}
+        aliased = any(storage(n) in inputs for n in outs)
+        return "out." + op + (ALIASED if aliased else "")
 
     def out_tensor(self, res):
         """A name for an out= tensor for result `res`: right, non-contiguous,
@@ -1135,7 +1152,7 @@ class Gen:
             options.append((f"{self.fresh('s')} = int({a}.argmax())", "int"))
         hosts = self.names(prefix="h")
         if hosts:
-            options.append((f"{self.fresh()} = {r.choice(hosts)}.to(dev)", "upload"))
+            options.append((f"{self.fresh()} = {r.choice(hosts)}.to(dev, copy=True)", "upload"))
         if r.random() < 0.2:
             options.append((f"{self.fresh('s')} = {a}.stride()", "stride"))
         src, op = r.choice(options)
@@ -1212,6 +1229,10 @@ def generate(seed, max_stmts=24):
 class Raised:
     cls: type
     msg: str
+    # The out= tensors of the call ({name: metadata}) before and after it
+    # raised: whether it left them as they were.
+    outs_before: dict = None
+    outs_after: dict = None
 
     def __str__(self):
         first = self.msg.strip().splitlines()[0] if self.msg.strip() else ""
@@ -1253,11 +1274,13 @@ def run(prog, dev):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for code, defs in zip(prog.codes, prog.defs):
+            for code, defs, st in zip(prog.codes, prog.defs, prog.stmts):
+                outs = st.outs & ns.keys()
+                before = {name: meta(ns[name]) for name in outs}
                 try:
                     exec(code, ns)
                 except Exception as e:
-                    steps.append(Raised(type(e), str(e)))
+                    steps.append(Raised(type(e), str(e), before, {name: meta(ns[name]) for name in outs}))
                     continue
                 steps.append({name: meta(ns[name]) for name in defs if name in ns})
             for names in prog.defs:
@@ -1304,8 +1327,13 @@ class Mismatch:
 class Mismatches(list):
     """compare()'s mismatches; `failed_calls`: the statements that raised the
     same exception class on both sides (eager may have written part of its
-    operands before raising, such as an out= tensor resized)."""
+    operands before raising, such as an out= tensor resized); `documented`:
+    the statements whose effects on what they write differ from eager's as
+    README's "Differences from eager" says (a call that raised and left its
+    out= tensors as they were; an out= call whose out= tensor shares memory
+    with an input)."""
     failed_calls = ()
+    documented = frozenset()
 
 
 def short(t):
@@ -1365,6 +1393,8 @@ def compare(prog, ref, got):
     statements in program order, then those of the values read at the end,
     then the final sync."""
     at_stmt, at_end, failed = [], [], []
+    # Documented: an out= tensor that is also an input is read before it is written.
+    documented = [i for i, st in enumerate(prog.stmts) if st.tag.endswith(ALIASED)]
     def_index = {name: i for i, names in enumerate(prog.defs) for name in names}
     for i, (a, b) in enumerate(zip(ref.steps, got.steps)):
         tag = prog.stmts[i].tag
@@ -1372,6 +1402,10 @@ def compare(prog, ref, got):
         if ra or rb:
             if ra and rb and a.cls is b.cls:
                 failed.append(i)
+                if prog.stmts[i].outs and b.outs_after == b.outs_before:
+                    # Documented: a call that raises leaves its out= tensors
+                    # as they were (eager may resize or write them first).
+                    documented.append(i)
             elif ra and not rb and surfaced_at_a_sync(a, got, i):
                 # Deferred as documented: what follows from it is the
                 # program going on past an error eager stopped at.
@@ -1404,10 +1438,12 @@ def compare(prog, ref, got):
         at_end.append(Mismatch(len(prog), None, "sync", "sync", f"final synchronize() raised {got.sync}"))
     out = Mismatches(at_stmt + at_end)
     out.failed_calls = tuple(failed)
+    out.documented = frozenset(documented)
     return out
 
 
 ERROR_KINDS = ("deferred error", "spurious error", "exception class")
+ALIASED = ".aliased"   # the tag's end for an out= call whose out= tensor shares memory with an input
 
 
 def tainted(prog, sources, upto=None):
@@ -1433,11 +1469,18 @@ def primary(prog, mismatches):
     at the end, once an exception mismatch happened. A mismatch in what a
     call that raised on both sides had touched is put down to that call
     (`via`): its side effects before raising differ."""
-    failed = getattr(mismatches, "failed_calls", ())
+    documented = getattr(mismatches, "documented", frozenset())
+    failed = sorted(set(getattr(mismatches, "failed_calls", ())) | documented)
+
+    def touched(j):
+        # An out= tensor that shares memory with an input may be any of
+        # the names the call mentions.
+        st = prog.stmts[j]
+        return st.writes | st.loads if st.tag.endswith(ALIASED) else st.writes
 
     def blame(names, upto):
         for j in failed:
-            if j < upto and prog.stmts[j].writes and names & tainted(prog, {j: prog.stmts[j].writes}, upto):
+            if j < upto and prog.stmts[j].writes and names & tainted(prog, {j: touched(j)}, upto):
                 return j
         return None
 
@@ -1455,10 +1498,12 @@ def primary(prog, mismatches):
             error = m.kind in ERROR_KINDS
             secondary = (bool(prog.uses[i] & tainted(prog, sources, i)) or "NameError" in m.detail
                          or (error and deferred))
-            if not secondary:
+            via = None if secondary else blame(prog.uses[i], i)
+            if not secondary and via not in documented:
                 # An error eager raises that mgpu skips does not depend on
-                # what came before; anything else may.
-                m.via = blame(prog.uses[i], i) if m.kind != "deferred error" else None
+                # what came before, unless a documented difference explains
+                # it; anything else may.
+                m.via = via if m.kind != "deferred error" else None
                 out.append(m)
             deferred |= m.kind == "deferred error"
             errors |= error
@@ -1470,7 +1515,8 @@ def primary(prog, mismatches):
             out.append(m)
         elif m.name not in tainted(prog, sources):
             m.via = blame({m.name}, len(prog))
-            out.append(m)
+            if m.via not in documented:
+                out.append(m)
             sources[m.index] = sources.get(m.index, set()) | {m.name}
     for m in out:
         if m.via is not None:

@@ -77,3 +77,56 @@ def test_reproducers_run():
             exec(compile(src, "<reproducer>", "exec"), {"__name__": "__reproducer__"})
         assert "cpu" in out.getvalue()
     assert torch.get_default_dtype() == torch.float32
+
+
+def outcome(prog, cfg=difffuzz.CONFIGS[0]):
+    with difffuzz.configured(cfg):
+        got = difffuzz.run(prog, "mgpu")
+    return difffuzz.compare(prog, difffuzz.run(prog, "cpu"), got), got
+
+
+def test_a_failed_call_that_left_its_out_tensor_as_it_was_is_a_documented_difference():
+    # Eager resizes the out= tensor to (2, 3) before refusing Bool; mgpu
+    # raises before recording and leaves it empty (README, "Differences
+    # from eager"). What reads it later differs, and is put down to that.
+    prog = Program(0, [Stmt("v0 = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -3.0]], device=dev)", "input"),
+                       Stmt("v1 = torch.zeros(0, dtype=torch.bool, device=dev)", "out_tensor"),
+                       Stmt("v2 = torch.cumsum(v0, 0, out=v1)", "out.cumsum"),
+                       Stmt("v3 = v1.sum()", "reduce.sum")])
+    ms, got = outcome(prog)
+    assert 2 in ms.failed_calls and 2 in ms.documented
+    assert got.steps[2].outs_before == got.steps[2].outs_after
+    assert any(m.name in ("v1", "v3") for m in ms)      # the shapes differ ...
+    assert difffuzz.primary(prog, ms) == []              # ... as documented
+    # Had mgpu changed the out= tensor before raising, it would be a mismatch.
+    got.steps[2].outs_after = {"v1": ("tensor", torch.bool, (7,), False)}
+    ms = difffuzz.compare(prog, difffuzz.run(prog, "cpu"), got)
+    kept = difffuzz.primary(prog, ms)
+    assert kept and kept[0].signature == ("side effect of a failed call", "out.cumsum")
+
+
+def test_an_out_tensor_that_is_an_input_is_a_documented_difference():
+    # matmul(a.t(), a, out=a) with `a` (2, 3): eager resizes `a` to (3, 3)
+    # before its kernel reads it.
+    gen = difffuzz.Gen(0, 4)
+    gen.ns["v0"] = torch.randn(3, 3)
+    assert gen.out_tag("matmul", "torch.matmul(v0.t(), v0, ", ["v0"]) == "out.matmul" + difffuzz.ALIASED
+    gen.ns["v1"] = torch.zeros(3, 3)
+    assert gen.out_tag("matmul", "torch.matmul(v0.t(), v0, ", ["v1"]) == "out.matmul"
+    prog = Program(0, [Stmt("v0 = torch.tensor([[1, 2, -5], [3, -1, 4]], device=dev)", "input"),
+                       Stmt("v1 = v0.clone()", "unary.clone"),
+                       Stmt("v2 = torch.matmul(v1.t(), v1, out=v1)", "out.matmul" + difffuzz.ALIASED),
+                       Stmt("v3 = v0 * 2", "binary.mul")])
+    ms, _ = outcome(prog)
+    assert [m.name for m in ms if m.kind == "value"] == ["v1", "v2"]
+    assert difffuzz.primary(prog, ms) == []
+    # v3 does not read what the aliased call wrote: a mismatch there stays one.
+    ms.append(difffuzz.Mismatch(3, "v3", "value", "binary.mul", "(for the test)"))
+    assert [m.name for m in difffuzz.primary(prog, ms)] == ["v3"]
+
+
+def test_uploads_copy_host_tensors():
+    # h.to("cpu") is h itself: a later in-place write to the upload would
+    # change the host tensor on CPU only.
+    sources = [st.src for s in range(300) for st in difffuzz.generate(s).stmts if st.tag.endswith("upload")]
+    assert sources and all(src.endswith(".to(dev, copy=True)") for src in sources)
