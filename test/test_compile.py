@@ -108,6 +108,40 @@ def test_split_invariants_on_random_graphs(seed):
             assert len(groups) == 1
 
 
+def test_the_split_prices_ops_with_the_engines_model():
+    # One cost model: an op's work comes from the rules the planner prices
+    # recorded ops by (sqrt is one vector instruction there, not a
+    # transcendental; a view is free), its seconds from the calibrated rates.
+    x = torch.randn(64, 32)
+    gm = make_fx(lambda x: (torch.sqrt(x.abs()).t() @ x.tanh(), x[0]))(x)
+    work = {_partition.op_name(n): _partition.node_work(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert work["sqrt"] == {"gemm_flops": 0.0, "elem": 2048.0, "transcendental": 0.0, "bytes": 2 * 2048 * 4.0}
+    assert work["tanh"]["transcendental"] == 2048 and work["tanh"]["elem"] == 0
+    assert work["mm"]["gemm_flops"] == 2 * 32 * 64 * 32
+    assert work["t"] == work["select.int"] == {"gemm_flops": 0.0, "elem": 0.0, "transcendental": 0.0, "bytes": 0.0}
+    cm = _C._cost_model()
+    one = _partition.seconds(work["tanh"], 1)
+    assert one == pytest.approx(cm["op_overhead_s"] + max(2048 / cm["transcendental_per_s"],
+                                                         work["tanh"]["bytes"] / (cm["bytes_per_s"] * 2)), rel=0.3)
+    assert not [k for k in vars(_partition) if k.endswith("_S") or k.endswith("_PER_S")], "rates live in C++"
+
+
+def test_the_split_asks_the_engines_list_scheduler(monkeypatch):
+    call = _C._cost_model()["partition_call_s"]
+    # Two independent pieces on two lanes, or one after the other on one.
+    assert _C._partition_makespan([1e-3, 1e-3], [[], []], 2) == pytest.approx(1e-3 + call)
+    assert _C._partition_makespan([1e-3, 1e-3], [[], [0]], 2) == pytest.approx(2 * (1e-3 + call))
+    assert _C._partition_makespan([1e-3, 1e-3], [[], []], 1) == pytest.approx(2 * (1e-3 + call))
+    with pytest.raises(RuntimeError, match="must come after"):
+        _C._partition_makespan([1e-3, 1e-3], [[1], []], 2)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
+    gm = make_fx(branches)(a, b)
+    assert len(_partition.split(gm, lanes=2)) >= 2
+    # The split is kept only if that schedule beats one piece.
+    monkeypatch.setattr(_C, "_partition_makespan", lambda *args: 1.0)
+    assert len(_partition.split(gm, lanes=2)) == 1
+
+
 # -- the partition op --------------------------------------------------------
 
 def make_partition(fn, inputs, outputs):
@@ -145,7 +179,7 @@ def test_partition_op_checks_its_inputs_and_reports_errors_of_its_code():
 @pytest.mark.parametrize("choice", ["partitions"], indirect=True)
 def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes(choice):
     torch.manual_seed(0)
-    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     f = torch.compile(branches, backend="mgpu")
     out = f(a, b)
     assert out.device.type == "cpu"
@@ -167,7 +201,7 @@ def test_branches_with_cpu_inputs_run_as_partitions_on_the_lanes(choice):
 
 def test_branches_with_mgpu_inputs_join_the_pending_graph():
     torch.manual_seed(1)
-    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     f = torch.compile(branches, backend="mgpu")
     am, bm = a.to("mgpu"), b.to("mgpu")
     before = torch.sin(am)          # eager mgpu code ...
@@ -362,7 +396,7 @@ def _slowed(monkeypatch, name, seconds):
 def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch, slow, kept):
     torch.manual_seed(9)
     torch._dynamo.reset()  # `branches` compiled afresh, under this test's choice
-    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     f = torch.compile(branches, backend="mgpu")
     before = newest_graph()
     calls = _slowed(monkeypatch, slow, 0.05)
@@ -382,7 +416,7 @@ def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch
 def test_a_graph_measuring_its_choice_reports_none_and_one_partition_is_whole():
     torch.manual_seed(10)
     torch._dynamo.reset()
-    a, b = torch.randn(4, 160, 160), torch.randn(4, 160, 160)
+    a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     f = torch.compile(branches, backend="mgpu")
     before = newest_graph()
     f(a, b)

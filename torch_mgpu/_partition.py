@@ -8,42 +8,34 @@ The split works on groups of nodes:
 1. every op is a group (a `getitem` belongs to the op it reads);
 2. chains are contracted: a group whose only successor has it as its only
    predecessor is merged with that successor (nothing can overlap them);
-3. groups too small to pay for a hand-off between lanes (or below a
+3. groups too small to pay for a partition's call on a lane (or below a
    sixteenth of the graph's work per lane) are merged into a neighbour:
    their only predecessor (the work stays in the parallel part), else their
    only successor, else the cheapest successor whose merge keeps the graph
    acyclic (an island with no neighbour: the cheapest group), contracting
    chains after each merge;
 4. chains are contracted again;
-5. if list scheduling the groups over the lanes (each paying a hand-off)
-   would not beat running the whole graph as one piece by `MIN_GAIN`, the
-   graph stays one partition.
+5. if list scheduling the groups over the lanes (each paying a partition's
+   call) would not beat running the whole graph as one piece by `MIN_GAIN`,
+   the graph stays one partition.
+
+What an op costs, what a partition's call costs and the list schedule are
+the engine's own (`_C`: plan/topology.h's estimate_op_work and node_seconds,
+plan/plan.h's schedule_tasks), so the split and the plan agree.
 """
 import operator
 
 import torch
 import torch.fx
+from torch.fx.experimental import symbolic_shapes
 from torch.utils._pytree import tree_flatten
 
-# Seconds, for the split only (the engine plans with its own cost model).
-HANDOFF_S = 150e-6     # a partition's call on a lane (Python, GIL) and the wait for it
-GEMM_FLOPS_PER_S = 2e10
-ELEMS_PER_S = 8e9         # fused loops: an op is a few vector instructions per element
-TRANSCENDENTAL_PER_S = 1e9
-KERNEL_S = 2e-6        # per compiled loop nest
-MIN_GAIN = 1.15        # serial time / parallel time needed to split at all
+from . import _C
 
-_TRANSCENDENTAL = {
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "sin", "cos", "tan",
-    "erf", "erfc", "erfinv", "pow", "sqrt", "rsqrt", "atan", "atan2", "asin", "acos", "sinh", "cosh",
-    "gelu", "silu", "softplus", "_softmax", "_log_softmax", "lgamma", "digamma", "mish", "elu",
-}
-# Ops that only describe memory: no work of their own.
-_FREE = {
-    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze",
-    "alias", "slice", "select", "as_strided", "detach", "split", "split_with_sizes", "unbind",
-    "chunk", "narrow", "diagonal", "view_as_real", "view_as_complex", "_reshape_alias",
-}
+# The split's one number of its own: how much faster than one piece the
+# pieces must be predicted to run before a graph is split at all (costs,
+# rates and the schedule are the engine's: `_C`).
+MIN_GAIN = 1.15
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -53,69 +45,59 @@ def op_name(node: torch.fx.Node) -> str:
     return getattr(t, "__name__", str(t))
 
 
-def _packet_name(node):
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return t._schema.name.split("::")[-1]
-    return getattr(t, "__name__", str(t))
+def _hint(s, fallback):
+    """A symbolic size's hint, adding no guard (the fallback where none is known)."""
+    if not isinstance(s, torch.SymInt):
+        return int(s)
+    hint = getattr(symbolic_shapes, "optimization_hint", None) or getattr(symbolic_shapes, "hint_int", None)
+    try:
+        return int(hint(s, fallback=fallback))
+    except Exception:
+        return fallback
 
 
-def _val(x):
-    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+def _meta(v):
+    """A Meta tensor with `v`'s geometry (symbolic sizes at their hints), for
+    the cost model; other values as they are, FX nodes as their values."""
+    if isinstance(v, torch.fx.Node):
+        v = v.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(tuple(_hint(s, 64) for s in v.shape), tuple(_hint(s, 1) for s in v.stride()),
+                                   dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return [_meta(e) for e in v]
+    if isinstance(v, torch.SymInt):
+        return _hint(v, 64)
+    return v
 
 
-def _numel(v) -> float:
-    n = 0.0
-    for t in tree_flatten(v)[0]:
-        if isinstance(t, torch.Tensor):
-            try:
-                n += float(t.numel())
-            except Exception:  # symbolic size
-                n += 1e4
-    return n
-
-
-def _nbytes(v) -> float:
-    n = 0.0
-    for t in tree_flatten(v)[0]:
-        if isinstance(t, torch.Tensor):
-            try:
-                n += float(t.numel() * t.element_size())
-            except Exception:
-                n += 4e4
-    return n
+_NO_WORK = {"gemm_flops": 0.0, "elem": 0.0, "transcendental": 0.0, "bytes": 0.0}
 
 
 def node_work(node: torch.fx.Node) -> dict:
-    """gemm_flops, elem (elementwise outputs), transcendental, bytes of one op."""
-    w = {"gemm_flops": 0.0, "elem": 0.0, "transcendental": 0.0, "bytes": 0.0}
-    if node.op != "call_function" or node.target is operator.getitem:
-        return w
-    name = _packet_name(node)
-    if name in _FREE:
-        return w
-    out = node.meta.get("val")
-    w["elem"] = _numel(out)
-    w["bytes"] = _nbytes(out) + sum(_nbytes(_val(a)) for a in node.all_input_nodes)
-    if name in _TRANSCENDENTAL:
-        w["transcendental"] = w["elem"]
+    """gemm_flops, elem (elementwise outputs), transcendental, bytes of one
+    op, from the engine's cost model (plan::estimate_op_work: the rules it
+    prices recorded ops by; views are free)."""
     t = node.target
-    packet = getattr(t, "overloadpacket", None)
-    from torch.utils.flop_counter import flop_registry
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+        return dict(_NO_WORK)
+    schema = t._schema
+    args = []
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            v = node.args[i]
+        elif a.name in node.kwargs:
+            v = node.kwargs[a.name]
+        else:
+            v = a.default_value if a.has_default_value() else None
+        args.append(_meta(v))
+    outputs = [_meta(v) for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    return _C._op_work(schema.name, schema.overload_name, args, outputs)
 
-    if packet in flop_registry:
-        try:
-            args = torch.fx.node.map_arg(node.args, _val)
-            kwargs = torch.fx.node.map_arg(node.kwargs, _val)
-            w["gemm_flops"] = float(flop_registry[packet](*args, **kwargs, out_val=out))
-        except Exception:
-            w["gemm_flops"] = 2.0 * w["elem"] * 64
-    return w
 
-
-def seconds(w: dict) -> float:
-    return (w["gemm_flops"] / GEMM_FLOPS_PER_S + w["elem"] / ELEMS_PER_S
-            + w["transcendental"] / TRANSCENDENTAL_PER_S)
+def seconds(w: dict, lanes: int) -> float:
+    """What `w` costs on one of `lanes` lanes when all of them run."""
+    return _C._work_seconds(w, lanes) if any(w.values()) else 0.0
 
 
 class _Groups:
@@ -241,16 +223,13 @@ class _Groups:
         assert len(out) == len(self.members), "partition graph has a cycle"
         return out
 
-    def makespan(self, order, lanes, handoff):
-        """List schedule of the groups over `lanes` lanes."""
-        free = [0.0] * lanes
-        done = {}
-        for g in order:
-            ready = max((done[p] for p in self.preds[g]), default=0.0)
-            k = min(range(lanes), key=lambda i: max(free[i], ready))
-            start = max(free[k], ready)
-            done[g] = free[k] = start + self.cost[g] + handoff
-        return max(free)
+
+def _makespan(groups, order, lanes):
+    """The groups run as partitions over `lanes` lanes, list-scheduled as
+    the engine schedules (each paying a partition's call)."""
+    index = {g: k for k, g in enumerate(order)}
+    return _C._partition_makespan([groups.cost[g] for g in order],
+                                  [sorted(index[p] for p in groups.preds[g]) for g in order], lanes)
 
 
 def split(gm: torch.fx.GraphModule, lanes: int):
@@ -259,20 +238,18 @@ def split(gm: torch.fx.GraphModule, lanes: int):
     nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
     if not nodes:
         return []
-    cost = {}
-    for n in nodes:
-        w = node_work(n)
-        cost[n] = seconds(w) + (KERNEL_S if w["elem"] else 0.0)
+    cost = {n: seconds(node_work(n), lanes) for n in nodes}
     groups = _Groups(nodes, cost)
     groups._pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    call_s = _C._cost_model()["partition_call_s"]
     if lanes > 1 and len(groups.members) > 1:
         groups.contract_chains()
-        # Small: not worth a hand-off, or a sliver of the whole graph.
-        groups.merge_small(max(HANDOFF_S, sum(groups.cost.values()) / (16 * lanes)))
+        # Small: not worth a partition's call, or a sliver of the whole graph.
+        groups.merge_small(max(call_s, sum(groups.cost.values()) / (16 * lanes)))
         groups.contract_chains()
     order = groups.order()
-    serial = sum(groups.cost.values()) + KERNEL_S
-    if lanes < 2 or len(order) < 2 or groups.makespan(order, lanes, HANDOFF_S) * MIN_GAIN > serial:
+    serial = sum(groups.cost.values()) + call_s
+    if lanes < 2 or len(order) < 2 or _makespan(groups, order, lanes) * MIN_GAIN > serial:
         return [[n for n in gm.graph.nodes if n in groups.of]]
     pos = groups._pos
     return [sorted(groups.members[g], key=pos.get) for g in order]

@@ -47,6 +47,13 @@ std::string policy();
 // The calibrated cost model (measured at first use, then cached).
 const plan::CostModel& cost_model();
 
+// torch.compile's partitioner asks the model that plans (engine/costs.cpp):
+// seconds of `w` on one of `lanes` lanes like the current ones when all of
+// them run; and the makespan of pieces of work (seconds each, predecessors
+// earlier pieces) run as compiled partitions, list-scheduled over them.
+double work_seconds(const plan::Work& w, int lanes);
+double partition_makespan(std::vector<double> seconds, const std::vector<std::vector<int>>& preds, int lanes);
+
 struct Simulation {
   double makespan = 0, lower_bound = 0, critical_path = 0, total_work = 0;
   std::shared_ptr<const PlanRecord> plan;

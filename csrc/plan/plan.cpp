@@ -266,15 +266,6 @@ struct Shared {
 
 // List scheduling of tasks (nodes or clusters of nodes) by upward rank onto
 // the lane with the earliest finish time (HEFT, Topcuoglu et al. 2002).
-struct Tasks {
-  std::vector<std::vector<int>> members;        // nodes of each task, in order
-  std::vector<int> task_of;                     // per node
-  std::vector<double> cost;                     // per task, one thread
-  std::vector<std::vector<int>> preds, succs;   // task edges
-  std::vector<double> out_bytes;                // bytes a task hands to a successor
-  std::vector<double> fill;                     // per task: the share of a GPU it fills (cost-weighted)
-};
-
 // Each task's fill: its nodes' device_fill, weighted by their cost.
 void set_fill(const Estimate& e, const CostModel& cm, int threads, Tasks& ts) {
   ts.fill.assign(ts.members.size(), 1.0);
@@ -346,7 +337,7 @@ Tasks chain_tasks(const ir::Graph& g, const Estimate& e, const CostModel& cm, in
   return ts;
 }
 
-Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, const Tasks& ts) {
+TaskSchedule schedule_tasks_impl(const Topology& t, const CostModel& cm, const Tasks& ts) {
   const size_t m = ts.members.size();
   const auto& lanes = t.lanes;
   // Mean cost of an edge between two different lanes (HEFT's average).
@@ -426,6 +417,19 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
     finish[a] = best_end;
     lane_free[best_lane] = best_end;
   }
+  TaskSchedule out;
+  out.order = std::move(order);
+  out.lane_of = std::move(lane_of_task);
+  out.finish = std::move(finish);
+  for (double f : out.finish) out.makespan = std::max(out.makespan, f);
+  return out;
+}
+
+Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, const Tasks& ts) {
+  const TaskSchedule sched = schedule_tasks_impl(t, cm, ts);
+  const auto& order = sched.order;
+  const auto& lane_of_task = sched.lane_of;
+  const auto& lanes = t.lanes;
   Plan p;
   p.lane_of.assign(g.size(), 0);
   p.lane_order.assign(lanes.size(), {});
@@ -438,6 +442,37 @@ Plan list_schedule(const ir::Graph& g, const Topology& t, const CostModel& cm, c
 }
 
 } // namespace
+
+Tasks make_tasks(std::vector<double> cost, const std::vector<std::vector<int>>& preds, std::vector<double> out_bytes) {
+  const size_t m = cost.size();
+  TORCH_CHECK(preds.size() == m, "torch_mgpu: ", m, " task costs but ", preds.size(), " predecessor lists");
+  TORCH_CHECK(out_bytes.empty() || out_bytes.size() == m, "torch_mgpu: ", m, " task costs but ", out_bytes.size(),
+              " output sizes");
+  Tasks ts;
+  ts.members.resize(m);
+  ts.task_of.resize(m);
+  ts.preds.assign(m, {});
+  ts.succs.assign(m, {});
+  for (size_t k = 0; k < m; ++k) {
+    ts.members[k] = {static_cast<int>(k)};
+    ts.task_of[k] = static_cast<int>(k);
+    for (int p : preds[k]) {
+      TORCH_CHECK(p >= 0 && static_cast<size_t>(p) < k, "torch_mgpu: task ", k, " has predecessor ", p,
+                  ": tasks must come after the tasks they read");
+      if (std::find(ts.preds[k].begin(), ts.preds[k].end(), p) != ts.preds[k].end()) continue;
+      ts.preds[k].push_back(p);
+      ts.succs[p].push_back(static_cast<int>(k));
+    }
+  }
+  ts.cost = std::move(cost);
+  ts.out_bytes = out_bytes.empty() ? std::vector<double>(m, 0.0) : std::move(out_bytes);
+  ts.fill.assign(m, 1.0);
+  return ts;
+}
+
+TaskSchedule schedule_tasks(const Topology& t, const CostModel& cm, const Tasks& ts) {
+  return schedule_tasks_impl(t, cm, ts);
+}
 
 namespace {
 

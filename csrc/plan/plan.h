@@ -59,6 +59,33 @@ Plan make_heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, 
 Plan make_auto_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse = false,
                     const std::vector<double>& scale = {});
 
+// Work in pieces for the list scheduler: a task is one node, a chain of
+// them, or (for torch.compile's partitioner) a group of another graph's ops.
+struct Tasks {
+  std::vector<std::vector<int>> members;        // nodes of each task, in order
+  std::vector<int> task_of;                     // per node
+  std::vector<double> cost;                     // per task, seconds on one lane
+  std::vector<std::vector<int>> preds, succs;   // task edges
+  std::vector<double> out_bytes;                // bytes a task hands to a successor
+  std::vector<double> fill;                     // per task: the share of a GPU it fills (cost-weighted)
+};
+// Tasks k = 0..n-1 of one member each, with these costs (seconds) and
+// predecessors (each an earlier task), handing `out_bytes` (empty: none)
+// to their successors; they fill the device (1).
+Tasks make_tasks(std::vector<double> cost, const std::vector<std::vector<int>>& preds,
+                 std::vector<double> out_bytes = {});
+
+struct TaskSchedule {
+  std::vector<int> order;      // tasks in the order they were placed
+  std::vector<int> lane_of;    // per task: index into the topology's lanes
+  std::vector<double> finish;  // per task: predicted end (seconds)
+  double makespan = 0;
+};
+// The list schedule every parallel plan is made with (HEFT: the task of
+// highest upward rank first, each on the lane where it ends first, paying
+// edge_seconds between lanes and, on a GPU, the device's shared SMs).
+TaskSchedule schedule_tasks(const Topology& t, const CostModel& cm, const Tasks& ts);
+
 // Predicts the plan's timeline with the cost model (event simulation: a
 // node starts when its lane is free and its inputs have arrived); fills the
 // plan's predicted_* fields.

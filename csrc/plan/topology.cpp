@@ -58,11 +58,19 @@ double numel(const ir::TensorGeometry& g) {
   for (auto s : g.sizes) n *= static_cast<double>(s);
   return n;
 }
-const ir::TensorGeometry* tensor_arg(const ir::Node& n, size_t i) {
+// What the estimates read of a node: its op's name, arguments and outputs
+// (a recorded node, or an op of another compiler's graph).
+struct OpDesc {
+  std::string_view name;
+  const std::vector<ir::Arg>& args;
+  const std::vector<ir::Output>& outputs;
+};
+
+const ir::TensorGeometry* tensor_arg(const OpDesc& n, size_t i) {
   if (i >= n.args.size() || n.args[i].kind != ir::Arg::Kind::Tensor || !n.args[i].tensors[0]) return nullptr;
   return &n.args[i].tensors[0]->geom;
 }
-double out_numel(const ir::Node& n) {
+double out_numel(const OpDesc& n) {
   double m = 0;
   for (const auto& o : n.outputs)
     if (o.mutated_operand < 0) m = std::max(m, numel(o.geom));
@@ -74,7 +82,7 @@ double out_numel(const ir::Node& n) {
 }
 
 // The textbook flop counts of dense factorizations and triangular solves.
-double textbook_linalg_flops(const ir::Node& n, std::string_view name) {
+double textbook_linalg_flops(const OpDesc& n, std::string_view name) {
   if (name.rfind("aten::", 0) != 0) return 0;
   name.remove_prefix(6);
   name = name.substr(0, name.find('.'));
@@ -118,24 +126,12 @@ double textbook_linalg_flops(const ir::Node& n, std::string_view name) {
 // two cores with GEMM at 86 GFLOP/s: a 256 Cholesky at 23 GFLOP/s on two
 // threads, 1024 at 49 on two threads and 27-32 on one).
 // `name` is "aten::op" or "aten::op.overload".
-double linalg_flops(const ir::Node& n, std::string_view name) {
+double linalg_flops(const OpDesc& n, std::string_view name) {
   return 3 * textbook_linalg_flops(n, name);
 }
-} // namespace
 
-Work estimate_work(const ir::Node& n) {
+Work op_work(const OpDesc& n) {
   Work w;
-  if (const auto* p = ir::partition_of(n)) {
-    // A compiled partition: the figures its compiler's input graph gave.
-    w.flops = p->gemm_flops;
-    w.gemm = p->gemm_flops > 0;
-    w.elem = p->elem;
-    w.transcendental_elems = p->transcendental;
-    w.bytes = p->bytes;
-    w.loop_threads = p->threads;
-    w.out_elems = out_numel(n);
-    return w;
-  }
   for (const auto& a : n.args)
     for (const auto& t : a.tensors)
       if (t) w.bytes += numel(t->geom) * c10::elementSize(t->geom.dtype);
@@ -197,6 +193,40 @@ Work estimate_work(const ir::Node& n) {
     for (const char* k : slow)
       if (name.find(k) != std::string::npos) w.transcendental = true;
   }
+  return w;
+}
+
+} // namespace
+
+Work estimate_work(const ir::Node& n) {
+  if (const auto* p = ir::partition_of(n)) {
+    // A compiled partition: the figures its compiler's input graph gave.
+    Work w = partition_work(p->gemm_flops, p->elem, p->transcendental, p->bytes);
+    w.loop_threads = p->threads;
+    w.out_elems = out_numel(OpDesc{n.name, n.args, n.outputs});
+    return w;
+  }
+  return op_work(OpDesc{n.name, n.args, n.outputs});
+}
+
+Work estimate_op_work(const c10::FunctionSchema& schema, const std::vector<ir::Arg>& args,
+                      const std::vector<ir::Output>& outputs) {
+  // A view (its first result aliases an argument that it does not write)
+  // moves no data: no work.
+  const auto& returns = schema.returns();
+  if (!returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite()) return Work{};
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  return op_work(OpDesc{ir::intern(name), args, outputs});
+}
+
+Work partition_work(double gemm_flops, double elem, double transcendental, double bytes) {
+  Work w;
+  w.flops = gemm_flops;
+  w.gemm = gemm_flops > 0;
+  w.elem = elem;
+  w.transcendental_elems = transcendental;
+  w.bytes = bytes;
   return w;
 }
 

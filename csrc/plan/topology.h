@@ -43,6 +43,9 @@ struct CostModel {
   double transfer_latency_s = 10e-6;
   double parallel_min_flops = 2e6;     // below this an op runs on one thread
   double parallel_efficiency = 0.9;    // per extra thread, above that size
+  // A compiled partition's call on a lane (its Python wrapper, the GIL)
+  // and the wait for it: what cutting a graph in one more partition costs.
+  double partition_call_s = 150e-6;
   double fused_step_s = 6e-8;          // a step of a fused pointwise pass over one 1024-element block (in cache)
   bool calibrated = false;
   // A GPU: its streams share the device's SMs (a kernel fills part of the
@@ -95,6 +98,15 @@ struct Work {
 
 // A node's work, from its op name and argument geometries.
 Work estimate_work(const ir::Node& n);
+// The work of an op of another compiler's graph (torch.compile's ATen
+// graphs, before they are cut into partitions), by the same rules: its
+// schema, its arguments (tensor geometries and constants) and its results.
+// A view (a result that aliases an argument it does not write) is no work.
+Work estimate_op_work(const c10::FunctionSchema& schema, const std::vector<ir::Arg>& args,
+                      const std::vector<ir::Output>& outputs);
+// The work of a compiled partition (or a piece of one) with these figures:
+// GEMM flops, elementwise and transcendental outputs, bytes moved.
+Work partition_work(double gemm_flops, double elem, double transcendental, double bytes);
 // The share of a GPU (cm.sms > 0) that `w`'s kernel occupies when it runs
 // alone, in (0, 1]: its thread blocks against what the SMs hold at once (a
 // 128x128 output tile per block for products, about one such block per SM;

@@ -17,6 +17,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -122,6 +123,44 @@ torch_mgpu::ir::TensorGeometry geometry_of_spec(const at::Tensor& t) {
   g.strides.assign(t.strides().begin(), t.strides().end());
   return g;
 }
+
+// An argument of an op of a torch.compile graph, for the cost model: a
+// tensor (Meta is fine) or a list of them, an int or a list of ints, else
+// nothing the model reads.
+torch_mgpu::ir::Arg op_arg(const py::handle& v) {
+  using torch_mgpu::ir::Arg;
+  Arg a;
+  auto tensor_ref = [](const py::handle& t) {
+    return torch_mgpu::ir::TensorRef{0, geometry_of_spec(THPVariable_Unpack(t.ptr())), -1};
+  };
+  if (THPVariable_Check(v.ptr())) {
+    a.kind = Arg::Kind::Tensor;
+    a.tensors.emplace_back(tensor_ref(v));
+  } else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    auto seq = py::reinterpret_borrow<py::sequence>(v);
+    bool tensors = false, ints = true;
+    for (auto e : seq) {
+      tensors |= THPVariable_Check(e.ptr());
+      ints &= py::isinstance<py::int_>(e) && !py::isinstance<py::bool_>(e);
+    }
+    if (tensors) {
+      a.kind = Arg::Kind::OptionalTensorList;
+      for (auto e : seq) {
+        if (THPVariable_Check(e.ptr())) a.tensors.emplace_back(tensor_ref(e));
+        else a.tensors.emplace_back(std::nullopt);
+      }
+    } else if (ints) {
+      a.constant = seq.cast<std::vector<int64_t>>();
+    }
+  } else if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v)) {
+    a.constant = v.cast<int64_t>();
+  }
+  return a;
+}
+
+torch_mgpu::plan::Work work_of(std::map<std::string, double> work) {
+  return torch_mgpu::plan::partition_work(work["gemm_flops"], work["elem"], work["transcendental"], work["bytes"]);
+}
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -190,9 +229,44 @@ PYBIND11_MODULE(_C, m) {
     d["transfer_bytes_per_s"] = cm.transfer_bytes_per_s;
     d["parallel_min_flops"] = cm.parallel_min_flops;
     d["parallel_efficiency"] = cm.parallel_efficiency;
+    d["partition_call_s"] = cm.partition_call_s;
     d["calibrated"] = cm.calibrated;
     return d;
   });
+  // torch.compile's partitioner (torch_mgpu/_partition.py) asks the model
+  // that plans: an op's work, as a partition's figures (gemm_flops, elem,
+  // transcendental, bytes); what such work costs on one of `lanes` lanes;
+  // and the makespan of pieces run as partitions over `lanes` lanes.
+  m.def("_op_work", [](const std::string& name, const std::string& overload, const py::sequence& args,
+                       const py::sequence& outputs) {
+    auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+    TORCH_CHECK(op.has_value(), "torch_mgpu: no operator ", name, overload.empty() ? "" : ".", overload);
+    std::vector<torch_mgpu::ir::Arg> in;
+    for (auto a : args) in.push_back(op_arg(a));
+    std::vector<torch_mgpu::ir::Output> out;
+    for (auto o : outputs) {
+      if (!THPVariable_Check(o.ptr())) continue;
+      torch_mgpu::ir::Output r;
+      r.geom = geometry_of_spec(THPVariable_Unpack(o.ptr()));
+      double n = 1;
+      for (auto d : r.geom.sizes) n *= static_cast<double>(d);
+      r.nbytes = static_cast<size_t>(n) * c10::elementSize(r.geom.dtype);
+      r.returned = static_cast<int>(out.size());
+      out.push_back(std::move(r));
+    }
+    const auto w = torch_mgpu::plan::estimate_op_work(op->schema(), in, out);
+    // A node's work as a partition's figures: its flops at the rate of its kind.
+    std::map<std::string, double> d{{"gemm_flops", w.gemm ? w.flops : 0.0},
+                                    {"elem", !w.gemm && !w.transcendental ? w.flops : 0.0},
+                                    {"transcendental", !w.gemm && w.transcendental ? w.flops : 0.0},
+                                    {"bytes", w.bytes}};
+    return d;
+  });
+  m.def("_work_seconds", [](std::map<std::string, double> work, int lanes) {
+    return torch_mgpu::engine::work_seconds(work_of(std::move(work)), lanes);
+  }, nogil());
+  m.def("_partition_makespan", &torch_mgpu::engine::partition_makespan, py::arg("seconds"), py::arg("preds"),
+        py::arg("lanes"), nogil());
   // Tests only: make the n-th node / transfer / event wait / stream
   // synchronize from now throw (runtime/faults.h).
   py::class_<PartitionHandle>(m, "Partition")

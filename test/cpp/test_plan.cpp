@@ -1,0 +1,102 @@
+// The planner's pieces that torch.compile's partitioner shares: the list
+// schedule of tasks, and the work of an op described by its schema (as an
+// op of an FX graph is) priced by the rules of recorded ops.
+#include "capture/lazy_tensor.h"
+#include "ir/graph.h"
+#include "plan/plan.h"
+#include "plan/topology.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/torch.h>
+#include <torch_mgpu/mgpu.h>
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace {
+
+using namespace torch_mgpu;
+
+const c10::FunctionSchema& schema_of(const char* name, const char* overload = "") {
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  EXPECT_TRUE(op.has_value()) << name;
+  return op->schema();
+}
+
+ir::Arg tensor_arg(std::vector<int64_t> sizes) {
+  ir::Arg a;
+  a.kind = ir::Arg::Kind::Tensor;
+  ir::TensorGeometry g;
+  g.sizes.assign(sizes.begin(), sizes.end());
+  int64_t stride = 1;
+  g.strides.resize(sizes.size());
+  for (size_t i = sizes.size(); i-- > 0;) {
+    g.strides[i] = stride;
+    stride *= sizes[i];
+  }
+  a.tensors.emplace_back(ir::TensorRef{0, g, -1});
+  return a;
+}
+
+ir::Output output(std::vector<int64_t> sizes) {
+  ir::Output o;
+  o.geom = tensor_arg(sizes).tensors[0]->geom;
+  double n = 1;
+  for (auto s : sizes) n *= static_cast<double>(s);
+  o.nbytes = static_cast<size_t>(n) * 4;
+  return o;
+}
+
+TEST(Schedule, TasksAreListScheduledAsPlansAre) {
+  // A diamond: b and c side by side after a, d after both.
+  auto topo = plan::make_topology({"cpu"}, 2, 2);
+  plan::CostModel cm;
+  cm.lane_sync_s = 0.5;
+  auto ts = plan::make_tasks({1, 2, 3, 1}, {{}, {0}, {0}, {1, 2}});
+  auto s = plan::schedule_tasks(topo, cm, ts);
+  // c (highest rank) stays on a's lane; b pays a cross-lane wait; d follows c.
+  EXPECT_DOUBLE_EQ(s.makespan, 5.0);
+  EXPECT_EQ(s.lane_of[0], s.lane_of[2]);
+  EXPECT_NE(s.lane_of[1], s.lane_of[2]);
+  EXPECT_DOUBLE_EQ(s.finish[1], 3.5);
+  // One lane: the sum.
+  auto one = plan::make_topology({"cpu"}, 1, 2);
+  EXPECT_DOUBLE_EQ(plan::schedule_tasks(one, cm, ts).makespan, 7.0);
+  EXPECT_THROW(plan::make_tasks({1, 1}, {{1}, {}}), c10::Error);
+  EXPECT_THROW(plan::make_tasks({1, 1}, {{}}), c10::Error);
+}
+
+TEST(OpWork, DescribedOpsArePricedByTheRulesOfRecordedOps) {
+  std::vector<ir::Output> out{output({64, 32})};
+  // Views move nothing.
+  auto t = plan::estimate_op_work(schema_of("aten::t"), {tensor_arg({32, 64})}, out);
+  EXPECT_EQ(t.flops, 0);
+  EXPECT_EQ(t.bytes, 0);
+  // sqrt is one vector instruction per element; exp is not.
+  auto sq = plan::estimate_op_work(schema_of("aten::sqrt"), {tensor_arg({64, 32})}, out);
+  EXPECT_FALSE(sq.transcendental);
+  EXPECT_FALSE(sq.gemm);
+  EXPECT_EQ(sq.flops, 64 * 32);
+  EXPECT_EQ(sq.bytes, 2 * 64 * 32 * 4);
+  EXPECT_TRUE(plan::estimate_op_work(schema_of("aten::exp"), {tensor_arg({64, 32})}, out).transcendental);
+  // A recorded mm and the same mm described by its schema: the same work.
+  torch::manual_seed(0);
+  auto a = torch::randn({64, 48}).to(torch_mgpu::device());
+  auto b = torch::randn({48, 32}).to(torch_mgpu::device());
+  auto c = a.mm(b);
+  ir::Graph g = ir::build_graph({capture::buffer_of(c)->value});
+  const ir::Node* mm = nullptr;
+  for (const auto& n : g.nodes)
+    if (n->name == "aten::mm") mm = n.get();
+  ASSERT_NE(mm, nullptr);
+  auto recorded = plan::estimate_work(*mm);
+  auto described = plan::estimate_op_work(schema_of("aten::mm"), mm->args, mm->outputs);
+  EXPECT_TRUE(recorded.gemm && described.gemm);
+  EXPECT_EQ(recorded.flops, 2.0 * 64 * 48 * 32);
+  EXPECT_EQ(described.flops, recorded.flops);
+  EXPECT_EQ(described.bytes, recorded.bytes);
+  torch_mgpu::synchronize();
+}
+
+} // namespace
