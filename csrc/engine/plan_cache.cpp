@@ -27,7 +27,6 @@ bool refine_enabled() {
   return on;
 }
 
-bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }
 
 bool same_topology(const plan::Topology& a, const plan::Topology& b) {
   return a.devices == b.devices && a.lanes_per_device == b.lanes_per_device && a.cores == b.cores && a.cuda == b.cuda;
@@ -111,5 +110,7 @@ void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan:
   e.plan = std::make_shared<const plan::Plan>(make_plan_for(g, l.topo, cm, l.policy, stream_lanes(l), scale));
   runtime::counters().plans_built++;
 }
+
+bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }
 
 } // namespace torch_mgpu::engine

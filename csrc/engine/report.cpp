@@ -69,24 +69,13 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   // plan of this graph if there is one (refined by its measured runs); else
   // one made by the syncs' own planning (GPU profiles: stream lanes).
   std::shared_ptr<const plan::Plan> cached = device.empty() ? plan_if_cached(g, topo, pol) : nullptr;
-  const bool streams = !device.empty() || (!lanes->places.empty() && lanes->places[0].streams);
+  const bool streams = !device.empty() || stream_lanes(*lanes);
   const plan::Plan p = cached ? *cached : make_plan_for(g, topo, cm, pol, streams);
   auto e = plan::estimate(g, topo, cm);
   if (cm.sms == 0 && (p.refined || !p.fusion.groups.empty())) {
     // Fused runs and measured corrections change what a node costs: the
     // bounds then come from the plan's own node times.
-    const size_t n = g.size();
-    std::vector<double> finish(n, 0.0);
-    e.critical_path = e.total_work = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double c = std::max(0.0, p.predicted_end[i] - p.predicted_start[i]);
-      double start = 0;
-      for (int d : g.deps[i]) start = std::max(start, finish[d]);
-      finish[i] = start + c;
-      e.critical_path = std::max(e.critical_path, finish[i]);
-      e.total_work += c;
-    }
-    e.lower_bound = std::max(e.critical_path, e.total_work / std::max<size_t>(1, topo.lanes.size()));
+    plan::bounds_from_plan(g, p, static_cast<int>(topo.lanes.size()), e);
   }
   Simulation s;
   s.makespan = p.predicted_makespan;

@@ -43,6 +43,21 @@ Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm, co
   return e;
 }
 
+void bounds_from_plan(const ir::Graph& g, const Plan& p, int lanes, Estimate& e) {
+  const size_t n = g.size();
+  std::vector<double> finish(n, 0.0);
+  e.critical_path = e.total_work = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double c = std::max(0.0, p.predicted_end[i] - p.predicted_start[i]);
+    double start = 0;
+    for (int d : g.deps[i]) start = std::max(start, finish[d]);
+    finish[i] = start + c;
+    e.critical_path = std::max(e.critical_path, finish[i]);
+    e.total_work += c;
+  }
+  e.lower_bound = std::max(e.critical_path, e.total_work / std::max(1, lanes));
+}
+
 void compute_reuse(const ir::Graph& g, Plan& p) {
   // Readers per value: graph outputs by (index, output); materialized
   // operands by node pointer (they have one output).

@@ -46,6 +46,11 @@ struct Estimate {
 // `scale`: per node, Work::scale (empty: all 1).
 Estimate estimate(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<double>& scale = {});
 
+// The bounds of `e` (critical path, total work, lower bound on `lanes`
+// lanes) from the plan's own predicted node times instead of the model's
+// (fused runs and measured corrections change what a node costs).
+void bounds_from_plan(const ir::Graph& g, const Plan& p, int lanes, Estimate& e);
+
 // `fuse`: the plan will run on CPU lanes with pointwise fusion; each
 // candidate is fused (apply_fusion) before the predictions are compared.
 // `scale`: per node, measured over modelled time from earlier runs of the
