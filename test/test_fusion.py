@@ -154,6 +154,42 @@ def test_tensor_constants_follow_their_values_with_a_cached_plan(no_async):
     assert torch_mgpu.last_plan().fused_nodes == 2
 
 
+def test_python_scalars_follow_their_values_with_a_cached_plan(no_async):
+    # Float arguments that change every step (a foreach op's scalars, as
+    # Adam's step sizes; alpha, clamp's bounds) keep the graph's hash: the
+    # cached plan runs with each step's values. (A Python number an op
+    # takes as a tensor, `x * lr`, is a tensor constant: hashed by shape
+    # and dtype.)
+    x, y = torch.randn(256), torch.randn(256)
+    xm, ym = x.to("mgpu"), y.to("mgpu")
+
+    def program(a, b, lr, bias):
+        s = torch.add(a, b, alpha=lr).clamp(-bias, bias) * 1.5
+        outs = [s, a.clone()]
+        torch._foreach_addcdiv_(outs, [b, s], [s.abs() + 1, b.abs() + 1], [lr, bias])
+        return outs
+
+    for got, want in zip(program(xm, ym, 0.3, 0.7), program(x, y, 0.3, 0.7)):
+        torch.testing.assert_close(got.cpu(), want)
+    s0 = torch_mgpu.stats()
+    for step in range(4):
+        lr, bias = 0.1 * 0.9 ** step, 1 - 0.99 ** (step + 1)
+        for got, want in zip(program(xm, ym, lr, bias), program(x, y, lr, bias)):
+            torch.testing.assert_close(got.cpu(), want)
+    s1 = torch_mgpu.stats()
+    assert s1["plans_built"] == s0["plans_built"]
+    assert s1["plan_cache_hits"] - s0["plan_cache_hits"] >= 4
+
+
+def test_an_alpha_of_one_and_another_alpha_are_different_plans(no_async):
+    # Fusion takes add's alpha only when it is 1: a plan fused for alpha=1
+    # must not run a call with alpha=2 (their hashes differ by the class).
+    a, b = torch.randn(256), torch.randn(256)
+    am, bm = a.to("mgpu"), b.to("mgpu")
+    for alpha in (1.0, 2.0, 1.0, 0.5, 2.0):
+        exact((torch.add(am, bm, alpha=alpha) * 3.0).cpu(), torch.add(a, b, alpha=alpha) * 3.0)
+
+
 def test_failed_input_surfaces_and_later_work_runs(no_async):
     x = torch.randn(8, 8)
     xm = x.to("mgpu")

@@ -1,5 +1,6 @@
 """Partitioning over lanes: plans, parallel execution, virtual devices, the
 plan cache, the simulator, and correctness under concurrency."""
+import copy
 import random
 
 import pytest
@@ -174,6 +175,43 @@ def test_plan_cache_hits_in_a_training_loop(lanes_config):
     s1 = torch_mgpu.stats()
     assert s1["plan_cache_hits"] - s0["plan_cache_hits"] >= 5
     assert s1["plans_built"] == s0["plans_built"]
+
+
+def test_a_training_loop_whose_python_scalars_change_keeps_its_plan(lanes_config):
+    # Adam's bias corrections and a cosine schedule's learning rate are new
+    # Python floats every step: the graph's hash sees through them (their
+    # class, not their value), so after its warm-up the loop plans nothing.
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="auto")
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = copy.deepcopy(ref).to("mgpu")
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    xm, ym = x.to("mgpu"), y.to("mgpu")
+
+    def trainer(m, inp, out):
+        opt = torch.optim.Adam(m.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+
+        def step():
+            opt.zero_grad()
+            loss = (m(inp) - out).pow(2).mean()
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss.item()
+        return step
+
+    step_ref, step_mgpu = trainer(ref, x, y), trainer(model, xm, ym)
+    for _ in range(6):  # warm-up: Adam's first steps, the cached plans' first runs
+        assert step_mgpu() == pytest.approx(step_ref(), rel=1e-4, abs=1e-6)
+    s0 = torch_mgpu.stats()
+    for _ in range(6):
+        assert step_mgpu() == pytest.approx(step_ref(), rel=1e-4, abs=1e-6)
+    s1 = torch_mgpu.stats()
+    assert s1["plans_built"] == s0["plans_built"]
+    assert s1["plan_cache_hits"] - s0["plan_cache_hits"] >= 6
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
 
 
 def fork_join(widths, size=64, seed=0):

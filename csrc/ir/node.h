@@ -190,6 +190,13 @@ int64_t pending_op_count();
 void mark_executed(Node& node);
 
 uint64_t hash_combine(uint64_t seed, uint64_t value);
+// A constant argument's part of a node's hash: what a plan may depend on.
+// Integers, booleans, strings, devices and tensor shapes by value; floating
+// and complex numbers (learning rates, Adam's bias corrections, schedules:
+// Python scalars that change every step without changing the program) by
+// their class only (0, 1, or another value; fusion treats 1 specially), so
+// a training loop's graph keeps its hash, and its plan, from step to step.
+// A plan reads constant values from the graph it runs, never its own copy.
 uint64_t hash_ivalue(const c10::IValue& v);
 
 } // namespace torch_mgpu::ir

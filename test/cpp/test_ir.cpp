@@ -159,4 +159,14 @@ TEST(Hash, IValues) {
   EXPECT_NE(hash_ivalue(c10::IValue(1.0)), hash_ivalue(c10::IValue(1)));
   EXPECT_EQ(hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})), hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})));
   EXPECT_NE(hash_ivalue(c10::IValue(std::vector<int64_t>{1, 2})), hash_ivalue(c10::IValue(std::vector<int64_t>{2, 1})));
+  // Floating values by their class only: 0, 1, another value.
+  EXPECT_EQ(hash_ivalue(c10::IValue(2.5)), hash_ivalue(c10::IValue(0.001)));
+  EXPECT_EQ(hash_ivalue(c10::IValue(c10::Scalar(2.5))), hash_ivalue(c10::IValue(c10::Scalar(-7.0))));
+  EXPECT_EQ(hash_ivalue(c10::IValue(std::vector<double>{0.9, 0.1})), hash_ivalue(c10::IValue(std::vector<double>{0.8, 0.3})));
+  EXPECT_NE(hash_ivalue(c10::IValue(1.0)), hash_ivalue(c10::IValue(2.0)));
+  EXPECT_NE(hash_ivalue(c10::IValue(0.0)), hash_ivalue(c10::IValue(2.0)));
+  EXPECT_NE(hash_ivalue(c10::IValue(c10::complex<double>(1.0, 0.0))),
+            hash_ivalue(c10::IValue(c10::complex<double>(2.0, 0.0))));
+  EXPECT_EQ(hash_ivalue(c10::IValue(c10::complex<double>(2.0, 3.0))),
+            hash_ivalue(c10::IValue(c10::complex<double>(4.0, -3.0))));
 }
