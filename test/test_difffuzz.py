@@ -118,7 +118,11 @@ def test_an_out_tensor_that_is_an_input_is_a_documented_difference():
                        Stmt("v2 = torch.matmul(v1.t(), v1, out=v1)", "out.matmul" + difffuzz.ALIASED),
                        Stmt("v3 = v0 * 2", "binary.mul")])
     ms, _ = outcome(prog)
-    assert [m.name for m in ms if m.kind == "value"] == ["v1", "v2"]
+    # Eager's kernel reads `a` after resizing it, new elements uninitialized:
+    # whether the values differ on a given run is chance, where they differ is not.
+    assert {m.name for m in ms} <= {"v1", "v2"}
+    ms.append(difffuzz.Mismatch(2, "v2", "value", "out.matmul" + difffuzz.ALIASED, "(for the test)"))
+    ms.append(difffuzz.Mismatch(4, "v1", "value", "out.matmul" + difffuzz.ALIASED, "(for the test)"))
     assert difffuzz.primary(prog, ms) == []
     # v3 does not read what the aliased call wrote: a mismatch there stays one.
     ms.append(difffuzz.Mismatch(3, "v3", "value", "binary.mul", "(for the test)"))

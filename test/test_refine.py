@@ -58,8 +58,11 @@ def test_a_mispredicted_graph_is_planned_again_once(two_lanes_sync):
     # The new plan is made at the end of the fourth run, for the fifth.
     assert plans[3][1] == plans[2][1] + 1
     assert len({built for _, built in plans[3:]}) == 1, "planned again more than once"
-    measured, predicted = eigh_times(plans[-1][0])
-    assert 0.33 * measured < predicted < 3 * measured
+    # The refined prediction is the median of the three measured runs (the
+    # last run's own time moves with the machine's load; those runs' do not).
+    seen = sorted(eigh_times(p)[0] for p, _ in plans[1:4])
+    _, predicted = eigh_times(plans[-1][0])
+    assert 0.9 * seen[0] < predicted < 1.1 * seen[-1]
     assert first.graph_hash == plans[-1][0].graph_hash
     assert "refined by measured node times" in str(plans[-1][0])
 
