@@ -12,6 +12,7 @@ import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
 from . import device as _device_module
+from . import _tiers
 from ._plan import Plan, Simulation, device_profiles, last_plan, simulate
 
 def _install_caller() -> None:
@@ -84,8 +85,8 @@ def empty_cache() -> None:
     _C.empty_cache()
 
 
-def configure(devices=None, lanes_per_device=None, policy=None) -> None:
-    """Sets where pending graphs run.
+def configure(devices=None, lanes_per_device=None, policy=None, compile=None) -> None:
+    """Sets where pending graphs run, and how.
 
     devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
     (two virtual devices: values crossing them are copied, as between GPUs),
@@ -93,14 +94,28 @@ def configure(devices=None, lanes_per_device=None, policy=None) -> None:
     lanes_per_device: lanes on each device (default: the host's cores shared
     among CPU devices, 4 streams per CUDA device). policy: "auto" (default),
     "heft" or "serial". Arguments left None keep their current value.
-    Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY.
+    compile: tier 1 of the lazy path (off by default): a graph that has run
+    this many times node by node (True: 2) is compiled with inductor in the
+    background, and later syncs of it run the compiled code when it measures
+    faster; False or 0 turns it off (results bitwise equal to eager's).
+    Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY,
+    TORCH_MGPU_COMPILE (a hit count, "on" or "off").
     """
     if isinstance(devices, str):
         devices = [devices]
     if lanes_per_device is not None and int(lanes_per_device) < 1:
         raise ValueError(f"lanes_per_device must be >= 1, got {lanes_per_device}")
     devs = [str(d) for d in devices] if devices is not None else []
-    _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
+    if compile is not None:
+        _tiers.set_compile(compile)
+    if compile is None or devices is not None or lanes_per_device is not None or policy is not None:
+        _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
+
+
+def wait_for_compiles(timeout: float = 600.0) -> bool:
+    """Waits until no hot graph is queued or compiling in the background
+    (tier 1, `configure(compile=...)`); True when none is left."""
+    return _tiers.wait_for_compiles(timeout)
 
 
 def lanes() -> list:
@@ -159,6 +174,9 @@ def _drain_at_exit() -> None:
 
 
 atexit.register(_drain_at_exit)
+atexit.register(_tiers.stop)
+if _C._tier_compile_hits():  # TORCH_MGPU_COMPILE
+    _tiers.start()
 
 
 __all__ = [
@@ -180,4 +198,5 @@ __all__ = [
     "set_max_pending_ops",
     "async_ops",
     "set_async_ops",
+    "wait_for_compiles",
 ]

@@ -10,7 +10,9 @@ class Plan:
     seconds, `.timeline()` per-node dicts {node, op, lane, start, end,
     fused}, `.fused_nodes` how many nodes ran inside fused pointwise passes,
     `.refined` whether the graph was planned again with the node times its
-    first runs measured.
+    first runs measured. `.tier`: 0 when the graph ran node by node, 1 when
+    it ran as code compiled in the background (`configure(compile=...)`),
+    `.compiled` what that code is.
     """
 
     def __init__(self, record):
@@ -22,6 +24,8 @@ class Plan:
         self.measured_makespan = head["measured_makespan"]
         self.refined = head["refined"]
         self.graph_hash = head["graph_hash"]
+        self.tier = head["tier"]
+        self.compiled = head["compiled"]
         self.lanes_used = head["lanes_used"]
         self.transfers = head["transfers"]
         self.fused_nodes = head["fused_nodes"]
@@ -81,7 +85,8 @@ class Plan:
         lines = [
             f"Plan: {len(self)} nodes on {self.lanes_used} of {len(self.lanes)} lane(s) "
             f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)"
-            + (", refined by measured node times" if self.refined else ""),
+            + (", refined by measured node times" if self.refined else "")
+            + (f", tier 1: compiled {self.compiled}" if self.tier else ""),
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "
             f"measured {self.measured_makespan * 1e3:.3f} ms"
             + (f", {self.fused_nodes} node(s) fused" if self.fused_nodes else ""),

@@ -158,6 +158,7 @@ bool start_flight() {
   e->roots = pending_roots();
   if (e->roots.empty()) return true;
   bg.since_flush = 0;
+  e->background = true;
   bg.flight = e;
   runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));
@@ -200,6 +201,7 @@ void recorded(bool background_safe) {
   auto e = std::make_shared<engine::Execution>();
   e->roots = engine::pending_roots();
   if (e->roots.empty()) return;
+  e->background = true;
   bg.flight = e;
   runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));

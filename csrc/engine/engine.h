@@ -28,6 +28,8 @@ struct PlanRecord {
   double measured_makespan = 0;
   bool refined = false;  // planned with measured node times (plan::Plan::refined)
   uint64_t graph_hash = 0;
+  int tier = 0;           // 1: the graph ran as compiled code (engine/tiers.h), not node by node
+  std::string compiled;   // tier 1: what the compiled code is
 };
 
 std::shared_ptr<const PlanRecord> last_plan();

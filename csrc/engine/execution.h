@@ -35,6 +35,9 @@ struct Execution {
   runtime::ExecResult result;
   std::shared_ptr<const PlanRecord> record;  // for last_plan()
   bool ran = false;  // execution began: the results must be bound
+  // A background flight: it never takes the GIL, so it runs tier 0 only
+  // (engine/tiers.h: compiled code is Python's).
+  bool background = false;
 
   void run();  // build, plan (cached), execute, describe
 };

@@ -6,6 +6,7 @@
 #include "engine/execution.h"
 #include "engine/plan_cache.h"
 #include "engine/report.h"
+#include "engine/tiers.h"
 #include "ir/call_state.h"
 #include "runtime/place.h"
 #include "runtime/counters.h"
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_set>
 
 namespace torch_mgpu {
@@ -102,16 +104,32 @@ void Execution::run() {
   plan = plan_for(g, *lanes);
   runtime::counters().syncs++;
   auto t2 = clock::now();
-  result = runtime::execute(g, *plan, lanes->places);
+  TierRun tier;
+  std::optional<runtime::ExecResult> compiled;
+  if (!background) compiled = run_tier1(g, *lanes, tier);
+  if (compiled) {
+    result = std::move(*compiled);
+  } else {
+    result = runtime::execute(g, *plan, lanes->places);
+  }
   ran = true;
+  auto t3 = clock::now();
   try {
-    record = engine::describe(g, *plan, &result);
-    learn(g, *lanes, plan, result);
+    if (!background)
+      observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
+                   static_cast<bool>(result.first_error));
+    auto rec = engine::describe(g, *plan, &result);
+    record = rec;
+    if (tier.compiled) {
+      rec->tier = 1;
+      rec->compiled = tier.compiled->description;
+    } else {
+      learn(g, *lanes, plan, result);
+    }
   } catch (const std::exception&) {
     // What the plan did and learned is lost (memory ran out); the results
     // are not.
   }
-  auto t3 = clock::now();
   runtime::counters().sync_graph_us += micros(t0, t1);
   runtime::counters().sync_plan_us += micros(t1, t2);
   runtime::counters().sync_execute_us += micros(t2, t3);

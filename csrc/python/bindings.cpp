@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "ir/partition.h"
 #include "python/caller.h"
+#include "python/tiers.h"
 #include "runtime/faults.h"
 #include "runtime/sanitizer.h"
 #include "runtime/lanes.h"
@@ -46,6 +47,8 @@ py::dict plan_summary(const PlanHandle& h) {
   d["measured_makespan"] = r.measured_makespan;
   d["refined"] = r.refined;
   d["graph_hash"] = r.graph_hash;
+  d["tier"] = r.tier;
+  d["compiled"] = r.compiled;
   d["nodes"] = r.graph.names.size();
   d["fused_nodes"] = std::count_if(r.fused.begin(), r.fused.end(), [](int g) { return g >= 0; });
   return d;
@@ -87,11 +90,14 @@ struct PartitionHandle {
   c10::intrusive_ptr<torch_mgpu::ir::Partition> p;
 };
 
+} // namespace
+
 // The partition's code: a Python callable taking a list of tensors and
 // returning a sequence of them, called with the GIL from any lane thread
 // (inductor's C++ wrapper lets go of it inside). Python errors become C++
 // errors with their message here, while the GIL is held.
-torch_mgpu::ir::Partition::Fn python_partition_fn(py::function fn) {
+namespace torch_mgpu::python {
+ir::Partition::Fn tensors_fn(py::function fn) {
   std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
@@ -115,7 +121,9 @@ torch_mgpu::ir::Partition::Fn python_partition_fn(py::function fn) {
     }
   };
 }
+} // namespace torch_mgpu::python
 
+namespace {
 torch_mgpu::ir::TensorGeometry geometry_of_spec(const at::Tensor& t) {
   torch_mgpu::ir::TensorGeometry g;
   g.dtype = t.scalar_type();
@@ -172,6 +180,7 @@ PYBIND11_MODULE(_C, m) {
   // Errors raised at a sync name the Python line that recorded the op;
   // frames in these directories (torch's, torch_mgpu's) are passed over.
   m.def("_install_caller", &torch_mgpu::python::install_caller);
+  torch_mgpu::python::bind_tiers(m);
   m.def("synchronize", &torch_mgpu::synchronize, nogil());
   m.def("pending_ops", &torch_mgpu::pending_ops, nogil());
   m.def("stats", &torch_mgpu::stats, nogil());
@@ -282,7 +291,7 @@ PYBIND11_MODULE(_C, m) {
     std::vector<torch_mgpu::ir::TensorGeometry> in, out;
     for (const auto& t : inputs) in.push_back(geometry_of_spec(t));
     for (const auto& t : outputs) out.push_back(geometry_of_spec(t));
-    auto p = torch_mgpu::ir::make_partition(python_partition_fn(std::move(fn)), std::move(ops), kernels,
+    auto p = torch_mgpu::ir::make_partition(torch_mgpu::python::tensors_fn(std::move(fn)), std::move(ops), kernels,
                                             std::move(in), std::move(out));
     p->gemm_flops = work["gemm_flops"];
     p->elem = work["elem"];

@@ -28,6 +28,16 @@ struct Counters {
   // syncing thread waited for one to finish.
   alignas(64) std::atomic<int64_t> background_flushes{0};
   alignas(64) std::atomic<int64_t> background_wait_us{0};
+  // Tiered execution (engine/tiers.h): graphs queued for compiling, compiled
+  // (and the seconds it took, in us), runs of compiled code, runs that
+  // failed and went back to tier 0, compiled graphs dropped (slower than
+  // tier 0, or the compiler could not take them).
+  alignas(64) std::atomic<int64_t> tier1_hot{0};
+  alignas(64) std::atomic<int64_t> tier1_compiled{0};
+  alignas(64) std::atomic<int64_t> tier1_compile_us{0};
+  alignas(64) std::atomic<int64_t> tier1_runs{0};
+  alignas(64) std::atomic<int64_t> tier1_fallbacks{0};
+  alignas(64) std::atomic<int64_t> tier1_rejected{0};
 };
 
 Counters& counters();

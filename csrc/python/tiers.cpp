@@ -1,0 +1,137 @@
+// Hot graphs as Python data for the compile thread (torch_mgpu/_tiers.py),
+// and its compiled functions back to the engine.
+#include "python/tiers.h"
+
+#include "engine/tiers.h"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+
+namespace py = pybind11;
+
+namespace torch_mgpu::python {
+namespace {
+
+py::tuple geometry(const ir::TensorGeometry& g) {
+  return py::make_tuple(std::vector<int64_t>(g.sizes.begin(), g.sizes.end()),
+                        std::vector<int64_t>(g.strides.begin(), g.strides.end()), g.offset,
+                        py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(g.dtype))));
+}
+
+// A constant as Python passes it to the op: enums by their Python objects.
+py::object constant(const c10::IValue& v, const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  if (v.isInt()) {
+    const auto i = v.toInt();
+    switch (t->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(i))));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(i))));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_steal<py::object>(
+            torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(i)));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+py::object ref(const std::optional<ir::TensorRef>& r) {
+  if (!r) return py::none();
+  return py::make_tuple(r->operand, geometry(r->geom), r->same);
+}
+
+py::dict request_dict(const engine::CompileRequest& req) {
+  py::dict d;
+  d["key"] = req.key;
+  py::list leaves;
+  for (const auto& l : req.leaves) leaves.append(l.nbytes);
+  d["leaves"] = leaves;
+  d["roots"] = req.roots;
+  py::list nodes;
+  for (const auto& n : req.nodes) {
+    const auto& schema = n.op.schema();
+    py::dict nd;
+    nd["op"] = schema.name();
+    nd["overload"] = schema.overload_name();
+    py::list args;
+    for (size_t k = 0; k < n.args.size(); ++k) {
+      const auto& a = n.args[k];
+      const auto& sa = schema.arguments().at(k);
+      py::object value;
+      switch (a.kind) {
+        case ir::Arg::Kind::Constant:
+          value = py::make_tuple("c", constant(a.constant, sa.real_type()));
+          break;
+        case ir::Arg::Kind::Tensor:
+          value = py::make_tuple("t", ref(a.tensors.at(0)));
+          break;
+        case ir::Arg::Kind::TensorList:
+        case ir::Arg::Kind::OptionalTensorList: {
+          py::list refs;
+          for (const auto& r : a.tensors) refs.append(ref(r));
+          value = py::make_tuple("l", refs);
+          break;
+        }
+      }
+      args.append(py::make_tuple(sa.name(), sa.kwarg_only(), value));
+    }
+    nd["args"] = args;
+    nd["operands"] = n.operands;
+    py::list outs;
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const auto& o = n.outputs[k];
+      outs.append(py::make_tuple(n.output_values.at(k), o.mutated_operand, o.returned, o.nbytes, geometry(o.geom)));
+    }
+    nd["outputs"] = outs;
+    nodes.append(nd);
+  }
+  d["nodes"] = nodes;
+  return d;
+}
+
+} // namespace
+
+void bind_tiers(py::module& m) {
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("_tier_compile_hits", &engine::compile_hits);
+  m.def("_set_tier_compile_hits", &engine::set_compile_hits);
+  m.def("_tier_compiler_present", &engine::set_compiler_present, nogil());
+  m.def("_tier_stop", &engine::stop_compiles, nogil());
+  m.def("_tier_wait", &engine::wait_for_compiles, nogil());
+  // The next hot graph as a dict, or None once the thread is to stop.
+  m.def("_tier_next_request", [] {
+    std::shared_ptr<const engine::CompileRequest> req;
+    {
+      py::gil_scoped_release nogil;
+      req = engine::next_compile_request();
+    }
+    if (!req) return py::object(py::none());
+    return py::object(request_dict(*req));
+  });
+  m.def("_tier_install", [](uint64_t key, py::function fn, std::vector<py::object> dtypes, double compile_s,
+                            std::string description) {
+    auto c = std::make_shared<engine::CompiledGraph>();
+    c->run = tensors_fn(std::move(fn));
+    for (const auto& d : dtypes) {
+      TORCH_CHECK(THPDtype_Check(d.ptr()), "_tier_install: input dtypes must be torch.dtype");
+      c->input_dtypes.push_back(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+    }
+    c->compile_s = compile_s;
+    c->description = std::move(description);
+    py::gil_scoped_release nogil;
+    engine::install_compiled(key, std::move(c));
+  });
+  m.def("_tier_reject", &engine::reject_compiled, nogil());
+  m.def("_tier_last_error", &engine::last_tier_error, nogil());
+}
+
+} // namespace torch_mgpu::python

@@ -1,0 +1,153 @@
+"""Tier 1 of the lazy path: a graph that syncs again and again is compiled
+with inductor in the background, and later syncs of it run the compiled
+code when it measures faster than running node by node."""
+import pytest
+import torch
+
+import torch_mgpu
+from torch_mgpu import _tiers
+
+
+@pytest.fixture
+def tiered():
+    saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)  # one graph per sync: the same graph every step
+    torch_mgpu.configure(compile=2)
+    yield
+    torch_mgpu.wait_for_compiles(120)
+    torch_mgpu.configure(compile=False)
+    torch_mgpu.set_async_ops(saved)
+
+
+def tier1_stats():
+    return {k: v for k, v in torch_mgpu.stats().items() if k.startswith("tier1_")}
+
+
+def step(x, w, b):
+    # A product, pointwise work, a reduction, an in-place write into an
+    # input and an out= call: every kind of node a compiled graph replays.
+    y = torch.tanh(x @ w) * 2 + b
+    z = y.sum(1, keepdim=True)
+    x.add_(z, alpha=1e-3)
+    out = torch.empty_like(y)
+    torch.mul(y, z, out=out)
+    return torch.relu(out - 1)
+
+
+def long_chain(x):
+    # 60 small ops: node by node, 60 calls and their overheads; inductor's
+    # code is one loop.
+    for _ in range(30):
+        x = torch.tanh(x * 1.0001)
+    return x
+
+
+def test_a_hot_graph_is_compiled_and_runs_with_eager_results(tiered):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(64, 32, generator=g), torch.randn(32, 32, generator=g), torch.randn(32, generator=g))
+    xm, wm, bm = x.to("mgpu"), w.to("mgpu"), b.to("mgpu")
+    before = tier1_stats()
+    tiers = []
+    for k in range(7):
+        want = step(x, w, b)
+        got = step(xm, wm, bm).cpu()
+        # Inductor's kernels round differently from eager's: float tolerance.
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(xm.cpu(), x, rtol=1e-4, atol=1e-4)  # the in-place write, in either tier
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    after = tier1_stats()
+    assert after["tier1_hot_graphs"] - before["tier1_hot_graphs"] == 1
+    assert after["tier1_compiled"] - before["tier1_compiled"] == 1
+    assert after["tier1_compile_us"] > before["tier1_compile_us"]
+    # Hot after two runs, compiled before the third: then on trial in tier 1.
+    assert tiers[:2] == [0, 0] and tiers[2] == 1
+    assert after["tier1_runs"] > before["tier1_runs"]
+    assert after["tier1_fallbacks"] == before["tier1_fallbacks"]
+
+
+def test_compiled_code_is_kept_where_it_is_faster(tiered):
+    x = torch.randn(1024)
+    xm = x.to("mgpu")
+    want = long_chain(x)
+    plans = []
+    for k in range(9):
+        torch.testing.assert_close(long_chain(xm).cpu(), want, rtol=1e-4, atol=1e-5)
+        plans.append(torch_mgpu.last_plan())
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    # Its trial (a cold run, then three timed ones) over, it stays in tier 1.
+    assert [p.tier for p in plans[2:]] == [1] * 7, torch_mgpu._C._tier_last_error()
+    assert "tier 1: compiled 60 ops (mul, tanh)" in str(plans[-1])
+
+
+def test_constants_are_part_of_what_was_compiled(tiered):
+    # The plan cache shares one plan among the steps of a schedule (floats by
+    # class); compiled code bakes constants in, so another value is another
+    # graph to it.
+    x = torch.randn(8, 8)
+    xm = x.to("mgpu")
+
+    def f(t, lr):
+        return torch.sigmoid(t * lr).sum(0) + lr
+
+    for _ in range(2):
+        f(xm, 0.5).cpu()
+    assert torch_mgpu.wait_for_compiles(300)
+    for lr in (0.5, 0.25, 0.125, 0.25):
+        torch.testing.assert_close(f(xm, lr).cpu(), f(x, lr), rtol=1e-4, atol=1e-5)
+    assert torch_mgpu.last_plan().tier == 0  # 0.25 ran once before: not hot yet
+
+
+def test_a_compiled_run_that_fails_runs_again_in_tier_0(tiered, monkeypatch):
+    real = _tiers.compile_request
+
+    def failing(req):
+        fn, dtypes, description = real(req)
+
+        def broken(tensors):
+            fn(tensors)  # runs, then fails: nothing it computed may be kept
+            raise RuntimeError("injected failure")
+        return broken, dtypes, description
+
+    monkeypatch.setattr(_tiers, "compile_request", failing)
+    x = torch.randn(16, 16)
+    xm = x.to("mgpu")
+
+    def f(t):
+        t.mul_(1.5)
+        return torch.exp(t).sum(1)
+
+    before = tier1_stats()
+    for k in range(5):
+        torch.testing.assert_close(f(xm).cpu(), f(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(xm.cpu(), x)  # written once per step, in either tier
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    after = tier1_stats()
+    assert after["tier1_fallbacks"] - before["tier1_fallbacks"] == 1
+    assert torch_mgpu.last_plan().tier == 0
+    assert "injected failure" in torch_mgpu._C._tier_last_error()
+
+
+def test_random_graphs_stay_in_tier_0(tiered):
+    before = tier1_stats()
+    xm = torch.randn(32).to("mgpu")
+    for _ in range(4):
+        torch.manual_seed(3)
+        got = (xm + torch.rand(32, device="mgpu")).cpu()
+        torch.manual_seed(3)
+        assert torch.equal(got, (xm + torch.rand(32, device="mgpu")).cpu())
+    assert tier1_stats()["tier1_hot_graphs"] == before["tier1_hot_graphs"]
+
+
+def test_tiering_is_off_unless_asked_for():
+    assert torch_mgpu._C._tier_compile_hits() == 0  # the default (TORCH_MGPU_COMPILE unset)
+    before = tier1_stats()
+    xm = torch.randn(16).to("mgpu")
+    for _ in range(4):
+        (torch.cos(xm) * 3).cpu()
+    assert tier1_stats() == before
+    with pytest.raises(ValueError, match="hit count"):
+        torch_mgpu.configure(compile=-1)
