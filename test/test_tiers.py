@@ -35,9 +35,9 @@ def step(x, w, b):
 
 
 def long_chain(x):
-    # 60 small ops: node by node, 60 calls and their overheads; inductor's
+    # 200 tiny ops: node by node, 200 calls and their overheads; inductor's
     # code is one loop.
-    for _ in range(30):
+    for _ in range(100):
         x = torch.tanh(x * 1.0001)
     return x
 
@@ -68,7 +68,7 @@ def test_a_hot_graph_is_compiled_and_runs_with_eager_results(tiered):
 
 
 def test_compiled_code_is_kept_where_it_is_faster(tiered):
-    x = torch.randn(1024)
+    x = torch.randn(64)
     xm = x.to("mgpu")
     want = long_chain(x)
     plans = []
@@ -79,13 +79,13 @@ def test_compiled_code_is_kept_where_it_is_faster(tiered):
             assert torch_mgpu.wait_for_compiles(300)
     # Its trial (a cold run, then three timed ones) over, it stays in tier 1.
     assert [p.tier for p in plans[2:]] == [1] * 7, torch_mgpu._C._tier_last_error()
-    assert "tier 1: compiled 60 ops (mul, tanh)" in str(plans[-1])
+    assert "tier 1: compiled 200 ops (mul, tanh)" in str(plans[-1])
 
 
-def test_constants_are_part_of_what_was_compiled(tiered):
-    # The plan cache shares one plan among the steps of a schedule (floats by
-    # class); compiled code bakes constants in, so another value is another
-    # graph to it.
+def test_floating_constants_are_inputs_of_the_compiled_code(tiered):
+    # A learning rate that changes every step keeps the graph's structure
+    # (the plan cache's hash sees floats by class): compiled code takes it
+    # as an input, and every step runs in tier 1 with its own value.
     x = torch.randn(8, 8)
     xm = x.to("mgpu")
 
@@ -95,21 +95,89 @@ def test_constants_are_part_of_what_was_compiled(tiered):
     for _ in range(2):
         f(xm, 0.5).cpu()
     assert torch_mgpu.wait_for_compiles(300)
-    for lr in (0.5, 0.25, 0.125, 0.25):
+    tiers = []
+    for lr in (0.5, 0.25, 0.125, 3.0):
         torch.testing.assert_close(f(xm, lr).cpu(), f(x, lr), rtol=1e-4, atol=1e-5)
-    assert torch_mgpu.last_plan().tier == 0  # 0.25 ran once before: not hot yet
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert tiers == [1, 1, 1, 1]
+    assert "2 constant(s) as inputs" in torch_mgpu.last_plan().compiled
+
+
+def test_constants_compiled_in_must_match(tiered):
+    # clamp's bound is a Scalar argument: it stays a constant of the compiled
+    # code, which then runs only for that value.
+    x = torch.randn(8, 8)
+    xm = x.to("mgpu")
+
+    def f(t, lo):
+        return torch.clamp(torch.sin(t), min=lo) * 2
+
+    for _ in range(2):
+        f(xm, -0.5).cpu()
+    assert torch_mgpu.wait_for_compiles(300)
+    tiers = []
+    for lo in (-0.5, 0.25, -0.5):
+        torch.testing.assert_close(f(xm, lo).cpu(), f(x, lo), rtol=1e-4, atol=1e-5)
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert tiers == [1, 0, 1]
+
+
+def make_training(device, foreach):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=foreach)
+    return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+
+
+def train_step(model, opt, sched, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return loss.item()  # the step's one sync
+
+
+@pytest.fixture
+def no_trial():
+    torch_mgpu._C._set_tier_trial(False)
+    yield
+    torch_mgpu._C._set_tier_trial(True)
+
+
+def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered, no_trial):
+    # Adam's step sizes and bias corrections and the schedule's learning
+    # rate change every step: they are inputs of the one compiled graph.
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
+    ref, got = make_training("cpu", False), make_training("mgpu", False)
+    xm, ym = x.to("mgpu"), y.to("mgpu")
+    before = tier1_stats()
+    tiers = []
+    for k in range(10):
+        want = train_step(*ref, x, y)
+        assert abs(train_step(*got, xm, ym) - want) < 1e-4
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 2:  # the first step makes Adam's state: its graph is another
+            assert torch_mgpu.wait_for_compiles(300)
+    for a, b in zip(ref[0].parameters(), got[0].parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+    assert tiers[:3] == [0, 0, 0] and tiers[3:] == [1] * 7, torch_mgpu._C._tier_last_error()
+    after = tier1_stats()
+    assert after["tier1_compiled"] - before["tier1_compiled"] == 1  # no compile per step
+    assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
 def test_a_compiled_run_that_fails_runs_again_in_tier_0(tiered, monkeypatch):
     real = _tiers.compile_request
 
     def failing(req):
-        fn, dtypes, description = real(req)
+        fn, dtypes, description, lifted = real(req)
 
         def broken(tensors):
             fn(tensors)  # runs, then fails: nothing it computed may be kept
             raise RuntimeError("injected failure")
-        return broken, dtypes, description
+        return broken, dtypes, description, lifted
 
     monkeypatch.setattr(_tiers, "compile_request", failing)
     x = torch.randn(16, 16)

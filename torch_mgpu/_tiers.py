@@ -63,10 +63,12 @@ def _contiguous(sizes, strides):
     return True
 
 
-def replay_fn(req):
+def replay_fn(req, subst=None):
     """The graph as a function of its leaves' bytes (flat tensors),
     returning the roots: a fresh output as the op returned it, a storage
-    written in place as its flat bytes."""
+    written in place as its flat bytes. `subst`: (node, argument) -> a
+    value traced in place of that constant."""
+    subst = subst or {}
     n_leaves = len(req["leaves"])
     nodes = req["nodes"]
     roots = req["roots"]
@@ -124,9 +126,9 @@ def replay_fn(req):
                 return t
 
             args, kwargs = [], {}
-            for name, kwarg_only, (kind, value) in node["args"]:
+            for k, (name, kwarg_only, (kind, value)) in enumerate(node["args"]):
                 if kind == "c":
-                    a = value
+                    a = subst.get((i, k), value)
                 elif kind == "t":
                     a = tensor(value)
                 else:
@@ -160,19 +162,157 @@ def replay_fn(req):
     return run
 
 
-def compile_request(req):
-    """(compiled function, input dtypes, description) for one hot graph."""
-    from torch._inductor.compile_fx import compile_fx
+# Floating constants are traced twice with stand-ins (two sets of values no
+# program has); where the two traces differ only by the stand-ins, a
+# constant's uses are literals of the traced graph that become inputs.
+_STAND_INS = (0.7071067811865476, 0.31622776601683794)
+
+
+def _stand_in(which, j):
+    return _STAND_INS[which] * (1.0 + j * 2.0 ** -20)
+
+
+def lift_candidates(req):
+    """(node, argument) of every floating constant: learning rates, Adam's
+    step sizes, a schedule's factors, Python numbers in `x * lr`."""
+    out = []
+    for i, node in enumerate(req["nodes"]):
+        for k, (_, _, (kind, value)) in enumerate(node["args"]):
+            if kind != "c":
+                continue
+            if (isinstance(value, float) or (isinstance(value, torch.Tensor) and value.dim() == 0
+                                              and value.dtype.is_floating_point)):
+                out.append((i, k))
+    return out
+
+
+def _trace(req, subst, examples):
+    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    # Decomposed, so that a Scalar argument (addcdiv_'s value) becomes a
+    # tensor operand (a mul's) that an input can take the place of.
+    return make_fx(replay_fn(req, subst), tracing_mode="fake",
+                   decomposition_table=core_aten_decompositions())(*examples)
+
+
+def _literals(node):
+    """The node's arguments flattened, each with whether an input tensor
+    may take its place (a number passed straight to a Tensor argument)."""
+    from torch.utils._pytree import tree_flatten
+
+    schema = getattr(node.target, "_schema", None)
+    types = {}
+    if schema is not None:
+        for k, a in enumerate(schema.arguments):
+            types[k] = types[a.name] = str(a.type)
+    out = []
+    for key, value in list(enumerate(node.args)) + list(node.kwargs.items()):
+        flat, _ = tree_flatten(value)
+        direct = len(flat) == 1 and flat[0] is value
+        for x in flat:
+            out.append((x, direct and types.get(key) in ("Tensor", "Optional[Tensor]")))
+    return out
+
+
+def _uses(traced, count):
+    """Where each stand-in is used in the first of `traced` (graphs of one
+    replay with stand-ins of two kinds, and with the real constants): None
+    when they differ otherwise (a constant used through arithmetic, or one
+    that changes the graph's shape), else j -> [(node, flat position,
+    whether a tensor may take its place)]."""
+    nodes = [list(gm.graph.nodes) for gm in traced]
+    if len({len(n) for n in nodes}) != 1:
+        return None
+    uses = {j: [] for j in range(count)}
+    for row in zip(*nodes):
+        if len({(n.op, n.target) for n in row}) != 1:
+            return None
+        lits = [_literals(n) for n in row]
+        if len({len(l) for l in lits}) != 1:
+            return None
+        for pos, ((x, ok), (y, _)) in enumerate(zip(lits[0], lits[1])):
+            if isinstance(x, torch.fx.Node) or x == y:
+                continue
+            js = [j for j in range(count) if x == _stand_in(0, j) and y == _stand_in(1, j)]
+            if not js or not isinstance(x, float):
+                return None
+            uses[js[0]].append((row[0], pos, ok))
+    return uses
+
+
+def lift(req, examples):
+    """(graph module, lifted (node, argument) list): the floating constants
+    that became inputs (0-dim float64 tensors after the leaves, in the
+    list's order), the others baked in. A constant is lifted when each of
+    its uses in the traced graph is a number passed to a Tensor argument
+    (decompositions turn addcdiv_'s value into a mul's operand), and the
+    graph has the same shape whatever its values (traced with two sets of
+    stand-ins and with the real values)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    cands = lift_candidates(req)
+    real = _trace(req, {}, examples)
+    if not cands:
+        return real, []
+
+    def pair(js):
+        return [_trace(req, {cands[j]: _stand_in(w, j) for j in js}, examples) for w in (0, 1)]
+
+    keep = list(range(len(cands)))
+    traced = pair(keep)
+    uses = _uses(traced + [real], len(cands))
+    if uses is None:
+        return real, []
+    keep = [j for j in keep if uses[j] and all(ok for _, _, ok in uses[j])]
+    if not keep:
+        return real, []
+    if len(keep) < len(cands):
+        traced = pair(keep)
+        uses = _uses(traced + [real], len(cands))
+        if uses is None or any(not ok for j in keep for _, _, ok in uses[j]) or not all(uses[j] for j in keep):
+            return real, []
+    gm = traced[0]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    with gm.graph.inserting_after(placeholders[-1]):
+        created = [gm.graph.placeholder(f"lifted_{j}") for j in reversed(keep)]
+    inputs = dict(zip(reversed(keep), created))
+    before = {n: n.meta.get("val") for n in gm.graph.nodes}
+    for j in keep:
+        for node, pos, _ in uses[j]:
+            flat, spec = tree_flatten((node.args, node.kwargs))
+            flat[pos] = inputs[j]
+            node.args, node.kwargs = tree_unflatten(flat, spec)
+    gm.graph.lint()
+    gm.recompile()
+    # Another result dtype (an integer tensor times a float64 tensor is
+    # float64, times a Python float the default dtype): keep them baked in.
+    try:
+        FakeTensorProp(gm).propagate(*examples, *[torch.tensor(_stand_in(0, j), dtype=torch.float64) for j in keep])
+    except Exception:
+        return real, []
+    for n, old in before.items():
+        new = n.meta.get("val")
+        if isinstance(old, torch.Tensor) and (not isinstance(new, torch.Tensor) or new.dtype != old.dtype
+                                              or new.shape != old.shape):
+            return real, []
+    return gm, [cands[j] for j in keep]
+
+
+def compile_request(req):
+    """(compiled function, input dtypes, description, lifted constants) for
+    one hot graph."""
+    from torch._inductor.compile_fx import compile_fx
 
     dtypes = _flat_dtypes(req)
     examples = []
     for nbytes, dt in zip(req["leaves"], dtypes):
         itemsize = torch.empty(0, dtype=dt).element_size()
         examples.append(torch.zeros(nbytes // itemsize, dtype=dt))
-    fn = replay_fn(req)
     with torch.no_grad():
-        gm = make_fx(fn, tracing_mode="fake")(*examples)
+        gm, lifted = lift(req, examples)
+        examples += [torch.tensor(0.5, dtype=torch.float64) for _ in lifted]
         compiled = compile_fx(gm, examples)
 
     def call(tensors):
@@ -180,7 +320,10 @@ def compile_request(req):
             return list(compiled(*tensors))
 
     ops = sorted({n["op"].split("::")[-1] for n in req["nodes"]})
-    return call, dtypes, f"{len(req['nodes'])} ops ({', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
+    description = f"{len(req['nodes'])} ops ({', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
+    if lifted:
+        description += f", {len(lifted)} constant(s) as inputs"
+    return call, dtypes, description, lifted
 
 
 def _serve():
@@ -190,12 +333,12 @@ def _serve():
             return
         t0 = time.perf_counter()
         try:
-            fn, dtypes, description = compile_request(req)
+            fn, dtypes, description, lifted = compile_request(req)
         except Exception as e:  # the graph stays in tier 0
             _C._tier_reject(req["key"], f"{type(e).__name__}: {e}")
             continue
         seconds = time.perf_counter() - t0
-        _C._tier_install(req["key"], fn, dtypes, seconds, f"{description}; compiled in {seconds:.2f} s")
+        _C._tier_install(req["key"], fn, dtypes, lifted, seconds, f"{description}; compiled in {seconds:.2f} s")
 
 
 def start():

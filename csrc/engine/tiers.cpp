@@ -32,6 +32,7 @@ enum class State { Cold, Queued, Trial, Kept, Rejected };
 struct Entry {
   int hits = 0;
   State state = State::Cold;
+  std::shared_ptr<const CompileRequest> request;  // while queued or compiling
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<double> tier0, tier1;  // seconds
   int tier1_runs = 0;
@@ -56,11 +57,12 @@ Tiers& tiers() {
   static const bool made = [] {
     g_tiers = new Tiers();  // leaked: the compile thread may wait on it at exit
     // A forked child has no compile thread: its queue and its graphs start
-    // empty, its mutex free.
+    // empty, its mutex free. The parent's compiled code is left as it is
+    // (not destroyed: that would take the GIL in the child).
     pthread_atfork([] { g_tiers->m.lock(); }, [] { g_tiers->m.unlock(); }, [] {
       new (&g_tiers->m) std::mutex();
       new (&g_tiers->cv) std::condition_variable();
-      g_tiers->entries.clear();
+      new (&g_tiers->entries) std::unordered_map<uint64_t, Entry>();
       g_tiers->queue.clear();
       g_tiers->compiling = 0;
       g_tiers->compiler = false;
@@ -69,6 +71,12 @@ Tiers& tiers() {
   }();
   (void)made;
   return *g_tiers;
+}
+
+// Whether compiled code is on trial (else kept as soon as it is compiled).
+std::atomic<bool>& trial_slot() {
+  static std::atomic<bool> on{true};
+  return on;
 }
 
 std::atomic<int>& hits_slot() {
@@ -124,12 +132,45 @@ uint64_t exact_hash(const c10::IValue& v) {
   return 0;
 }
 
-uint64_t key_of(const ir::Graph& g) {
-  uint64_t h = g.hash;
-  for (const auto& n : g.nodes)
-    for (const auto& a : n->args)
-      if (a.kind == ir::Arg::Kind::Constant) h = ir::hash_combine(h, exact_hash(a.constant));
-  return ir::hash_combine(h, 0x7131);
+// Graphs are counted, queued and compiled by structure (the plan cache's
+// hash: floating constants by class).
+uint64_t key_of(const ir::Graph& g) { return g.hash; }
+
+bool is_lifted(const std::vector<std::pair<int, int>>& lifted, int node, int arg) {
+  return std::find(lifted.begin(), lifted.end(), std::make_pair(node, arg)) != lifted.end();
+}
+
+// The exact values of the constants that are not `lifted`: what compiled
+// code bakes in.
+template <typename Nodes, typename ArgsOf>
+uint64_t fixed_hash(const Nodes& nodes, ArgsOf args_of, const std::vector<std::pair<int, int>>& lifted) {
+  uint64_t h = 0x7131;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& args = args_of(nodes[i]);
+    for (size_t k = 0; k < args.size(); ++k)
+      if (args[k].kind == ir::Arg::Kind::Constant && !is_lifted(lifted, static_cast<int>(i), static_cast<int>(k)))
+        h = ir::hash_combine(h, exact_hash(args[k].constant));
+  }
+  return h;
+}
+
+uint64_t fixed_hash(const ir::Graph& g, const std::vector<std::pair<int, int>>& lifted) {
+  return fixed_hash(g.nodes, [](const ir::NodePtr& n) -> const std::vector<ir::Arg>& { return n->args; }, lifted);
+}
+
+uint64_t fixed_hash(const CompileRequest& r, const std::vector<std::pair<int, int>>& lifted) {
+  return fixed_hash(r.nodes, [](const CompileRequest::Node& n) -> const std::vector<ir::Arg>& { return n.args; },
+                    lifted);
+}
+
+// A lifted constant's value as the compiled code takes it.
+at::Tensor lifted_input(const c10::IValue& v) {
+  double d = 0;
+  if (v.isDouble()) d = v.toDouble();
+  else if (v.isScalar()) d = v.toScalar().toDouble();
+  else if (v.isTensor()) d = v.toTensor().item().toDouble();
+  else TORCH_CHECK(false, "mgpu: a constant compiled as an input is not a number");
+  return at::scalar_tensor(d, at::TensorOptions().dtype(at::kDouble));
 }
 
 // The leaves (values read from outside the graph) in first-use order, and the
@@ -258,6 +299,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
     inputs.push_back(at::empty({0}, at::TensorOptions().dtype(dtype)).set_(s, 0, {numel}, {1}));
     input_bytes.insert(s.data());
   }
+  for (const auto& [i, k] : c.lifted) inputs.push_back(lifted_input(g.nodes.at(i)->args.at(k).constant));
   runtime::ExecResult r;
   const size_t n = g.size();
   r.values.resize(n);
@@ -324,6 +366,7 @@ Entry& entry_for(Tiers& t, uint64_t key) {
 } // namespace
 
 int compile_hits() { return hits_slot().load(); }
+void set_compile_trial(bool on) { trial_slot() = on; }
 void set_compile_hits(int hits) {
   TORCH_CHECK(hits >= 0, "compile hits must be >= 0 (0: off), got ", hits);
   hits_slot() = hits;
@@ -340,7 +383,7 @@ std::shared_ptr<const CompileRequest> next_compile_request() {
   return req;
 }
 
-void install_compiled(uint64_t key, std::shared_ptr<const CompiledGraph> compiled) {
+void install_compiled(uint64_t key, std::shared_ptr<CompiledGraph> compiled) {
   auto& t = tiers();
   std::lock_guard<std::mutex> lock(t.m);
   t.compiling = std::max(0, t.compiling - 1);
@@ -348,9 +391,11 @@ void install_compiled(uint64_t key, std::shared_ptr<const CompiledGraph> compile
   c.tier1_compiled++;
   c.tier1_compile_us += static_cast<int64_t>(compiled->compile_s * 1e6);
   auto it = t.entries.find(key);
-  if (it != t.entries.end() && it->second.state == State::Queued) {
-    it->second.state = State::Trial;
+  if (it != t.entries.end() && it->second.state == State::Queued && it->second.request) {
+    compiled->fixed = fixed_hash(*it->second.request, compiled->lifted);
+    it->second.state = trial_slot() ? State::Trial : State::Kept;
     it->second.compiled = std::move(compiled);
+    it->second.request.reset();
   }
   t.cv.notify_all();
 }
@@ -361,7 +406,10 @@ void reject_compiled(uint64_t key, const std::string& why) {
   t.compiling = std::max(0, t.compiling - 1);
   runtime::counters().tier1_rejected++;
   auto it = t.entries.find(key);
-  if (it != t.entries.end()) it->second.state = State::Rejected;
+  if (it != t.entries.end()) {
+    it->second.state = State::Rejected;
+    it->second.request.reset();
+  }
   t.last_error = "not compiled: " + why;
   t.cv.notify_all();
 }
@@ -407,7 +455,9 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     it->second.used = ++t.clock;
     compiled = it->second.compiled;
   }
-  if (!eligible(g, l)) return std::nullopt;  // the same key on other lanes
+  // The same structure on other lanes, or with other values of the
+  // constants compiled in: tier 0.
+  if (!eligible(g, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
     runtime::ExecResult r = call(g, *compiled);
     run.compiled = std::move(compiled);
@@ -443,7 +493,8 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     const bool faster = !e.tier0.empty() && median(e.tier1) * kMargin < median(e.tier0);
     e.state = faster ? State::Kept : State::Rejected;
     if (!faster) {
-      t.last_error = "compiled code ran no faster than tier 0";
+      t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(median(e.tier1) * 1e6) + " us, tier 0 " +
+          (e.tier0.empty() ? std::string("unmeasured") : std::to_string(median(e.tier0) * 1e6) + " us") + ")";
       e.compiled.reset();
       runtime::counters().tier1_rejected++;
     }
@@ -465,6 +516,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     return;
   }
   again.state = State::Queued;
+  again.request = req;
   runtime::counters().tier1_hot++;
   t.queue.push_back(std::move(req));
   t.cv.notify_all();

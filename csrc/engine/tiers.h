@@ -49,19 +49,31 @@ struct CompileRequest {
 struct CompiledGraph {
   std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> run;
   std::vector<c10::ScalarType> input_dtypes;
+  // Floating constants (node, argument) that are inputs of the compiled code
+  // (0-dim float64 tensors after the leaves): a learning rate that changes
+  // every step does not make another graph. The other constants are baked
+  // in: `fixed` hashes their values, and a graph whose values differ runs
+  // in tier 0.
+  std::vector<std::pair<int, int>> lifted;
+  uint64_t fixed = 0;
   double compile_s = 0;
   std::string description;  // for last_plan()
 };
 
-// The hit count at which a graph is compiled; 0: tiering off (the default;
+// The hit count at which a graph is compiled (graphs counted by structure:
+// their constants' classes, not their values); 0: tiering off (the default;
 // TORCH_MGPU_COMPILE=N turns it on at N).
 int compile_hits();
 void set_compile_hits(int hits);
+// Whether compiled code must measure faster to be kept (the default); off,
+// it is kept once compiled (tests of tier 1 itself).
+void set_compile_trial(bool on);
 
 // The compile thread's side (Python): waits for the next hot graph (null
 // once stop_compiles() was called); installs or rejects what it compiled.
 std::shared_ptr<const CompileRequest> next_compile_request();
-void install_compiled(uint64_t key, std::shared_ptr<const CompiledGraph> compiled);
+// `compiled->fixed` is set here, from the graph the request was made of.
+void install_compiled(uint64_t key, std::shared_ptr<CompiledGraph> compiled);
 void reject_compiled(uint64_t key, const std::string& why);
 void stop_compiles();
 // Waits until no hot graph is queued or being compiled (up to `seconds`);

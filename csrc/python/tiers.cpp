@@ -104,6 +104,7 @@ void bind_tiers(py::module& m) {
   using nogil = py::call_guard<py::gil_scoped_release>;
   m.def("_tier_compile_hits", &engine::compile_hits);
   m.def("_set_tier_compile_hits", &engine::set_compile_hits);
+  m.def("_set_tier_trial", &engine::set_compile_trial);
   m.def("_tier_compiler_present", &engine::set_compiler_present, nogil());
   m.def("_tier_stop", &engine::stop_compiles, nogil());
   m.def("_tier_wait", &engine::wait_for_compiles, nogil());
@@ -117,14 +118,15 @@ void bind_tiers(py::module& m) {
     if (!req) return py::object(py::none());
     return py::object(request_dict(*req));
   });
-  m.def("_tier_install", [](uint64_t key, py::function fn, std::vector<py::object> dtypes, double compile_s,
-                            std::string description) {
+  m.def("_tier_install", [](uint64_t key, py::function fn, std::vector<py::object> dtypes,
+                            std::vector<std::pair<int, int>> lifted, double compile_s, std::string description) {
     auto c = std::make_shared<engine::CompiledGraph>();
     c->run = tensors_fn(std::move(fn));
     for (const auto& d : dtypes) {
       TORCH_CHECK(THPDtype_Check(d.ptr()), "_tier_install: input dtypes must be torch.dtype");
       c->input_dtypes.push_back(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
     }
+    c->lifted = std::move(lifted);
     c->compile_s = compile_s;
     c->description = std::move(description);
     py::gil_scoped_release nogil;
