@@ -1233,6 +1233,9 @@ class Raised:
     # raised: whether it left them as they were.
     outs_before: dict = None
     outs_after: dict = None
+    # Other names bound to an out= tensor (`y = x.to(x.device)` is x) or,
+    # on the host, to its storage: a side effect on one is one on them.
+    aliases: frozenset = frozenset()
 
     def __str__(self):
         first = self.msg.strip().splitlines()[0] if self.msg.strip() else ""
@@ -1264,6 +1267,20 @@ def read(x):
     return x
 
 
+def _aliases(ns, outs, dev):
+    targets = [ns[o] for o in outs if isinstance(ns.get(o), torch.Tensor)]
+    found = set()
+    for name, v in ns.items():
+        if name in outs or not isinstance(v, torch.Tensor):
+            continue
+        for t in targets:
+            if v is t or (dev == "cpu" and v.layout == torch.strided and t.layout == torch.strided
+                          and v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                          and v.untyped_storage().nbytes() > 0):
+                found.add(name)
+    return frozenset(found)
+
+
 def run(prog, dev):
     """Runs `prog` with `dev` ("cpu" or "mgpu"); every statement runs, one
     that raised defines nothing."""
@@ -1280,7 +1297,8 @@ def run(prog, dev):
                 try:
                     exec(code, ns)
                 except Exception as e:
-                    steps.append(Raised(type(e), str(e), before, {name: meta(ns[name]) for name in outs}))
+                    steps.append(Raised(type(e), str(e), before, {name: meta(ns[name]) for name in outs},
+                                        _aliases(ns, outs, dev)))
                     continue
                 steps.append({name: meta(ns[name]) for name in defs if name in ns})
             for names in prog.defs:
@@ -1334,6 +1352,7 @@ class Mismatches(list):
     with an input)."""
     failed_calls = ()
     documented = frozenset()
+    aliases = {}  # failed call -> names bound to its out= tensors
 
 
 def short(t):
@@ -1439,6 +1458,8 @@ def compare(prog, ref, got):
     out = Mismatches(at_stmt + at_end)
     out.failed_calls = tuple(failed)
     out.documented = frozenset(documented)
+    out.aliases = {i: ref.steps[i].aliases | got.steps[i].aliases for i in failed
+                   if isinstance(ref.steps[i], Raised) and isinstance(got.steps[i], Raised)}
     return out
 
 
@@ -1471,12 +1492,14 @@ def primary(prog, mismatches):
     (`via`): its side effects before raising differ."""
     documented = getattr(mismatches, "documented", frozenset())
     failed = sorted(set(getattr(mismatches, "failed_calls", ())) | documented)
+    aliases = getattr(mismatches, "aliases", {})
 
     def touched(j):
         # An out= tensor that shares memory with an input may be any of
-        # the names the call mentions.
+        # the names the call mentions; names bound to an out= tensor are it.
         st = prog.stmts[j]
-        return st.writes | st.loads if st.tag.endswith(ALIASED) else st.writes
+        names = st.writes | st.loads if st.tag.endswith(ALIASED) else st.writes
+        return names | aliases.get(j, frozenset())
 
     def blame(names, upto):
         for j in failed:

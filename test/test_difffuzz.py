@@ -129,6 +129,20 @@ def test_an_out_tensor_that_is_an_input_is_a_documented_difference():
     assert [m.name for m in difffuzz.primary(prog, ms)] == ["v3"]
 
 
+def test_a_name_bound_to_an_out_tensor_shares_its_documented_difference():
+    # `v1.to(dev, torch.float32)` is v1 itself: eager resizing v2 before it
+    # raises resizes v1; mgpu raises first and leaves both as they were.
+    prog = Program(0, [Stmt("v0 = torch.randn((3, 2), generator=torch.Generator().manual_seed(1)).to(dev)", "input"),
+                       Stmt("v1 = v0.permute((1, 0))", "view.permute"),
+                       Stmt("v2 = v1.to(dev, torch.float32)", "convert.to"),
+                       Stmt("v3 = torch.cat([v2, v2], 1, out=v2)", "out.cat" + difffuzz.ALIASED),
+                       Stmt("v4 = v1.sum()", "reduce.sum")])
+    ms, got = outcome(prog)
+    assert 3 in ms.failed_calls and "v1" in ms.aliases[3]
+    assert any(m.name == "v1" for m in ms)  # v1 is (2, 6) on CPU, (2, 3) on mgpu ...
+    assert difffuzz.primary(prog, ms) == []  # ... as documented
+
+
 def test_uploads_copy_host_tensors():
     # h.to("cpu") is h itself: a later in-place write to the upload would
     # change the host tensor on CPU only.
