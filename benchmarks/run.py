@@ -114,6 +114,47 @@ def record_plan_ratio():
         PLAN_RATIOS.append(p.predicted_makespan / p.measured_makespan)
 
 
+TIER1_HITS = 2  # configure(compile=...) for the tier-1 variant
+
+
+def tier1_enter():
+    # Tier 1 runs foreground syncs only: background execution off, so that
+    # a workload is one graph per sync.
+    tier1_enter.saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    torch_mgpu.configure(compile=TIER1_HITS)
+
+
+def tier1_leave():
+    torch_mgpu.configure(compile=False)
+    torch_mgpu.set_async_ops(tier1_enter.saved)
+
+
+def prepare_tier1(case, mg_in):
+    """Runs the workload with tier 1 on until its graphs are compiled and
+    their trials decided (untimed): the run at which tier 1 first ran, the
+    compile seconds, whether the compiled code was kept."""
+    before = torch_mgpu.stats()
+    started = None
+    tier1_enter()
+    try:
+        for k in range(TIER1_HITS + 8):
+            mgpu_sync(case.fn(*mg_in))
+            plan = torch_mgpu.last_plan()
+            if started is None and plan is not None and plan.tier == 1:
+                started = k + 1
+            if k == TIER1_HITS - 1 and not torch_mgpu.wait_for_compiles(600):
+                return {"mgpu_tier1_error": "compile > 600 s"}
+        plan = torch_mgpu.last_plan()
+    finally:
+        tier1_leave()
+    after = torch_mgpu.stats()
+    return {"tier1": {"started": started, "kept": plan is not None and plan.tier == 1,
+                      "compiled": after["tier1_compiled"] - before["tier1_compiled"],
+                      "compile_s": (after["tier1_compile_us"] - before["tier1_compile_us"]) / 1e6,
+                      "why": torch_mgpu._C._tier_last_error()}}
+
+
 def case_key(case):
     return f"{case.workload}/{case.name}"
 
@@ -200,6 +241,10 @@ def run_case(case, quick):
         variants["mgpu"] = (lambda: recorded.append(case.fn(*mg_in)), nothing, sync_recorded)
     else:
         variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, record_plan_ratio)
+        if not quick:
+            res.update(prepare_tier1(case, mg_in))
+            if "tier1" in res:
+                variants["mgpu_tier1"] = (lambda: mgpu_sync(case.fn(*mg_in)), tier1_enter, tier1_leave)
     PLAN_RATIOS.clear()
     try:
         res.update(measure_interleaved(variants, case.reps))
@@ -337,8 +382,8 @@ def main():
         "`predicted / measured`: median over the timed runs of the last executed plan's predicted makespan over",
         "its measured one (last_plan(); with background execution, the plan of the graph left at the sync).",
         "",
-        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | simulated | simulated / measured | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | mgpu tier 1 | simulated | simulated / measured | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     compiled_lines = [
         "",
@@ -367,7 +412,7 @@ def main():
         if case.extra.get("ops"):
             n = case.extra["ops"]
             cap = (f"capture {r['mgpu']['median'] * 1e6 / n:.2f} us/op vs eager {r['eager']['median'] * 1e6 / n:.2f} us/op")
-            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | - | {cap} | - | - | - |")
+            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | - | - | {cap} | - | - | - |")
             continue
         sp = r["eager"]["median"] / r["mgpu"]["median"]
         pm = r["plan"]
@@ -375,7 +420,7 @@ def main():
         sim_ratio = f"{r['sim_ratio']:.2f}" if "sim_ratio" in r else "-"
         lines.append(
             f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
-            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('simulated')} | {sim_ratio} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
+            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('mgpu_tier1')} | {cell('simulated')} | {sim_ratio} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
             f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
     for case, r in rows:
         if "compile" not in r or "mgpu_compiled" not in r:
@@ -390,6 +435,32 @@ def main():
             f"{f'{ratio:.2f}' if ratio else '-'} | {r['compile_seconds']:.1f} / {r['mgpu_compiled_seconds']:.1f} |")
     if len(compiled_lines) > 11:
         lines += compiled_lines
+    tier1_lines = [
+        "",
+        "## Tier 1: the lazy path's hot graphs compiled in the background",
+        "",
+        f"`mgpu tier 1` (table above): `configure(compile={TIER1_HITS})` with background execution off (tier 1 runs",
+        "foreground syncs: the workload is one graph per sync); before the timed runs, the workload ran until its",
+        "graph compiled and its trial (one cold and three timed compiled runs against the node-by-node runs) decided.",
+        "`started at run`: the run that first ran compiled code; `kept`: whether the trial kept it (else the",
+        "timed runs are tier 0 with background execution off); compile seconds on the background thread.",
+        "",
+        "| workload | case | mgpu | mgpu tier 1 | tier 1 / eager speed | tier 1 / inductor speed | started at run | kept | compile s | why not kept |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, r in rows:
+        t = r.get("tier1")
+        if t is None or "mgpu_tier1" not in r:
+            continue
+        tier1 = r["mgpu_tier1"]["median"]
+        vs_compile = f"{r['compile']['median'] / tier1:.2f}x" if "compile" in r else "-"
+        why = "" if t["kept"] else (t["why"] or "").replace("|", "/")[:80]
+        tier1_lines.append(
+            f"| {case.workload} | {case.name} | {fmt_ms(r['mgpu'])} | {fmt_ms(r['mgpu_tier1'])} | "
+            f"{r['eager']['median'] / tier1:.2f}x | {vs_compile} | {t['started'] or '-'} | {'yes' if t['kept'] else 'no'} | "
+            f"{t['compile_s']:.1f} | {why} |")
+    if len(tier1_lines) > 11:
+        lines += tier1_lines
     sim_rows, planning = bench_simulator.report(a.quick)
     sim_md = bench_simulator.markdown(sim_rows, planning)
     sim_md += "\n" + bench_simulator.gpu_markdown(

@@ -1497,9 +1497,10 @@ def primary(prog, mismatches):
     def touched(j):
         # An out= tensor that shares memory with an input may be any of
         # the names the call mentions; names bound to an out= tensor are it.
+        # What an out= call returns is its out= tensor.
         st = prog.stmts[j]
         names = st.writes | st.loads if st.tag.endswith(ALIASED) else st.writes
-        return names | aliases.get(j, frozenset())
+        return names | st.stores | aliases.get(j, frozenset())
 
     def blame(names, upto):
         for j in failed:
