@@ -92,8 +92,8 @@ def test_floating_constants_are_inputs_of_the_compiled_code(tiered):
     def f(t, lr):
         return torch.sigmoid(t * lr).sum(0) + lr
 
-    for _ in range(2):
-        f(xm, 0.5).cpu()
+    for lr in (0.5, 0.4):  # it changes between the runs that make the graph hot
+        f(xm, lr).cpu()
     assert torch_mgpu.wait_for_compiles(300)
     tiers = []
     for lr in (0.5, 0.25, 0.125, 3.0):
@@ -112,14 +112,32 @@ def test_constants_compiled_in_must_match(tiered):
     def f(t, lo):
         return torch.clamp(torch.sin(t), min=lo) * 2
 
-    for _ in range(2):
-        f(xm, -0.5).cpu()
+    for lo in (-0.5, -0.4):  # changed: it would be an input, were it a Tensor argument
+        f(xm, lo).cpu()
     assert torch_mgpu.wait_for_compiles(300)
     tiers = []
-    for lo in (-0.5, 0.25, -0.5):
+    for lo in (-0.4, 0.25, -0.4):
         torch.testing.assert_close(f(xm, lo).cpu(), f(x, lo), rtol=1e-4, atol=1e-5)
         tiers.append(torch_mgpu.last_plan().tier)
     assert tiers == [1, 0, 1]
+
+
+def test_constants_that_did_not_change_are_compiled_in(tiered):
+    x = torch.randn(8, 8)
+    xm = x.to("mgpu")
+
+    def f(t, lr):
+        return torch.tanh(t * lr).sum(1) + 2.5
+
+    for _ in range(2):
+        f(xm, 0.5).cpu()
+    assert torch_mgpu.wait_for_compiles(300)
+    tiers = []
+    for lr in (0.5, 0.25):
+        torch.testing.assert_close(f(xm, lr).cpu(), f(x, lr), rtol=1e-4, atol=1e-5)
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert tiers == [1, 0]
+    assert "as inputs" not in torch_mgpu.last_plan().compiled
 
 
 def make_training(device, foreach):

@@ -173,12 +173,15 @@ def _stand_in(which, j):
 
 
 def lift_candidates(req):
-    """(node, argument) of every floating constant: learning rates, Adam's
-    step sizes, a schedule's factors, Python numbers in `x * lr`."""
+    """(node, argument) of every floating constant whose value changed
+    between the runs that made the graph hot: learning rates, Adam's step
+    sizes, a schedule's factors, Python numbers in `x * lr`. The others are
+    compiled in (and folded)."""
+    varying = {tuple(v) for v in req.get("varying", ())}
     out = []
     for i, node in enumerate(req["nodes"]):
         for k, (_, _, (kind, value)) in enumerate(node["args"]):
-            if kind != "c":
+            if kind != "c" or (i, k) not in varying:
                 continue
             if (isinstance(value, float) or (isinstance(value, torch.Tensor) and value.dim() == 0
                                               and value.dtype.is_floating_point)):

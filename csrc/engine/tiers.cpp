@@ -33,6 +33,7 @@ struct Entry {
   int hits = 0;
   State state = State::Cold;
   std::shared_ptr<const CompileRequest> request;  // while queued or compiling
+  std::vector<uint64_t> first_values;  // each constant's exact hash at the first tier-0 run
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<double> tier0, tier1;  // seconds
   int tier1_runs = 0;
@@ -161,6 +162,31 @@ uint64_t fixed_hash(const ir::Graph& g, const std::vector<std::pair<int, int>>& 
 uint64_t fixed_hash(const CompileRequest& r, const std::vector<std::pair<int, int>>& lifted) {
   return fixed_hash(r.nodes, [](const CompileRequest::Node& n) -> const std::vector<ir::Arg>& { return n.args; },
                     lifted);
+}
+
+// Each constant argument's exact hash, in node and argument order.
+std::vector<uint64_t> constant_values(const ir::Graph& g) {
+  std::vector<uint64_t> out;
+  for (const auto& n : g.nodes)
+    for (const auto& a : n->args)
+      if (a.kind == ir::Arg::Kind::Constant) out.push_back(exact_hash(a.constant));
+  return out;
+}
+
+// The constants whose values differ from `first`.
+std::vector<std::pair<int, int>> varying_constants(const ir::Graph& g, const std::vector<uint64_t>& first) {
+  std::vector<std::pair<int, int>> out;
+  size_t at = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const auto& args = g.nodes[i]->args;
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (args[k].kind != ir::Arg::Kind::Constant) continue;
+      if (at >= first.size() || first[at] != exact_hash(args[k].constant))
+        out.emplace_back(static_cast<int>(i), static_cast<int>(k));
+      ++at;
+    }
+  }
+  return out;
 }
 
 // A lifted constant's value as the compiled code takes it.
@@ -504,10 +530,20 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.state == State::Rejected || e.state == State::Kept) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
-  if (e.state != State::Cold || ++e.hits < hits || !t.compiler) return;
+  if (e.state != State::Cold) return;
+  if (++e.hits == 1) {
+    lock.unlock();
+    std::vector<uint64_t> first = constant_values(g);
+    lock.lock();
+    entry_for(t, key).first_values = std::move(first);
+    return;
+  }
+  if (e.hits < hits || !t.compiler) return;
+  std::vector<uint64_t> first = e.first_values;
   lock.unlock();
   const bool ok = eligible(g, l);
   std::shared_ptr<CompileRequest> req = ok ? request_for(g, key) : nullptr;
+  if (req) req->varying = varying_constants(g, first);
   lock.lock();
   Entry& again = entry_for(t, key);
   if (again.state != State::Cold) return;

@@ -40,6 +40,10 @@ struct CompileRequest {
   std::vector<Leaf> leaves;
   std::vector<Node> nodes;
   std::vector<int> roots;  // value numbers the sync needs back, in order
+  // Constants (node, argument) whose values changed between the runs that
+  // made the graph hot: the ones worth making inputs of the compiled code
+  // (the others are compiled in, where inductor folds them).
+  std::vector<std::pair<int, int>> varying;
 };
 
 // What the compiler returns: inputs are the leaves' bytes as flat tensors of

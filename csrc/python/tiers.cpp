@@ -56,6 +56,7 @@ py::dict request_dict(const engine::CompileRequest& req) {
   for (const auto& l : req.leaves) leaves.append(l.nbytes);
   d["leaves"] = leaves;
   d["roots"] = req.roots;
+  d["varying"] = req.varying;
   py::list nodes;
   for (const auto& n : req.nodes) {
     const auto& schema = n.op.schema();
