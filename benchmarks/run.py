@@ -454,7 +454,8 @@ def main():
             continue
         tier1 = r["mgpu_tier1"]["median"]
         vs_compile = f"{r['compile']['median'] / tier1:.2f}x" if "compile" in r else "-"
-        why = "" if t["kept"] else (t["why"] or "").replace("|", "/")[:80]
+        why = ("" if t["kept"] else "no graph compiled (none qualified)" if not t["compiled"]
+               else (t["why"] or "").replace("|", "/")[:80])
         tier1_lines.append(
             f"| {case.workload} | {case.name} | {fmt_ms(r['mgpu'])} | {fmt_ms(r['mgpu_tier1'])} | "
             f"{r['eager']['median'] / tier1:.2f}x | {vs_compile} | {t['started'] or '-'} | {'yes' if t['kept'] else 'no'} | "

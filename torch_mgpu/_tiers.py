@@ -140,13 +140,15 @@ def replay_fn(req, subst=None):
             out = op(*args, **kwargs)
             for v, entry in saved.items():
                 env[v] = entry
+            # The returns flattened as the recording numbered them: tensors
+            # and undefined ones (None: a backward's masked-out gradient).
             flat = []
             stack = [out]
             while stack:
                 x = stack.pop(0)
                 if isinstance(x, (list, tuple)):
                     stack[:0] = list(x)
-                elif isinstance(x, torch.Tensor):
+                elif isinstance(x, torch.Tensor) or x is None:
                     flat.append(x)
             for value, mutated, returned, _, geom in node["outputs"]:
                 if mutated >= 0:
