@@ -140,6 +140,26 @@ def test_constants_that_did_not_change_are_compiled_in(tiered):
     assert "as inputs" not in torch_mgpu.last_plan().compiled
 
 
+def test_a_backward_with_gradients_it_does_not_need_compiles(tiered, no_trial):
+    # convolution_backward with no bias and an input that needs no gradient
+    # returns (None, grad_weight, None): the compiled replay keeps each
+    # return in its place.
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 8, 8, generator=g)
+    w = torch.randn(4, 3, 3, 3, generator=g)
+    wm = w.to("mgpu").requires_grad_()
+    xm = x.to("mgpu")
+    want = torch.autograd.grad(torch.nn.functional.conv2d(x, w.requires_grad_()).square().sum(), w)[0]
+    tiers = []
+    for k in range(4):
+        (got,) = torch.autograd.grad(torch.nn.functional.conv2d(xm, wm).square().sum(), wm)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
 def make_training(device, foreach):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)

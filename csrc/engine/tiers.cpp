@@ -235,7 +235,7 @@ int leaf_number(const Layout& lay, const ir::Value& v) {
 }
 
 bool plain_constant(const c10::IValue& v) {
-  if (wrapped_number(v)) return true;
+  if (wrapped_number(v) || (v.isTensor() && !v.toTensor().defined())) return true;  // a number; None
   if (v.isGenerator() || v.isTensor() || v.isObject() || v.isCapsule() || v.isFuture()) return false;
   if (v.isCustomClass() || ir::partition_of(v) != nullptr) return false;
   if (v.isList())
@@ -244,32 +244,40 @@ bool plain_constant(const c10::IValue& v) {
   return true;
 }
 
-// Whether tier 1 may run `g` on lanes `l` (see tiers.h).
-bool eligible(const ir::Graph& g, const Lanes& l) {
-  if (l.topo.cuda || stream_lanes(l) || g.size() < 2) return false;
+// Why tier 1 may not run `g` on lanes `l` (see tiers.h), or "" when it may.
+std::string ineligible(const ir::Graph& g, const Lanes& l) {
+  if (l.topo.cuda || stream_lanes(l)) return "CUDA or stream lanes";
+  if (g.size() < 2) return "a graph of one op";
   for (const auto& p : l.places)
-    if (!p.device.is_cpu()) return false;
+    if (!p.device.is_cpu()) return "lanes off the host";
   const ir::CallState plain;
   for (const auto& n : g.nodes) {
-    if (n->kind != ir::NodeKind::Op || !n->op || n->seed || n->state != plain) return false;
+    const std::string op(n->name);
+    if (n->kind != ir::NodeKind::Op || !n->op) return op + ": not an ATen op";
+    if (n->seed) return op + ": random";
+    if (n->state != plain) return op + ": called under non-default settings";
     for (const auto& a : n->args) {
-      if (a.kind == ir::Arg::Kind::Constant && !plain_constant(a.constant)) return false;
+      if (a.kind == ir::Arg::Kind::Constant && !plain_constant(a.constant))
+        return op + ": a constant argument that is not a plain value";
       for (const auto& t : a.tensors)
-        if (t && (t->geom.conj || t->geom.neg)) return false;
+        if (t && (t->geom.conj || t->geom.neg)) return op + ": a conjugate or negative view";
     }
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
-      if (!ref || ref->geom != w.after) return false;  // an out= tensor resized
+      if (!ref || ref->geom != w.after) return op + ": an out= tensor resized";
     }
     for (const auto& v : n->operands) {
       if (g.find(v.node.get()) >= 0) continue;
       const auto kind = v.node->kind;
-      if (kind == ir::NodeKind::Data ? !v.node->data.device().is_cpu() : kind != ir::NodeKind::Empty) return false;
+      if (kind == ir::NodeKind::Data ? !v.node->data.device().is_cpu() : kind != ir::NodeKind::Empty)
+        return op + ": reads bytes off the host";
     }
   }
-  return true;
+  return "";
 }
+
+bool eligible(const ir::Graph& g, const Lanes& l) { return ineligible(g, l).empty(); }
 
 std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key) {
   auto req = std::make_shared<CompileRequest>();
@@ -541,14 +549,15 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.hits < hits || !t.compiler) return;
   std::vector<uint64_t> first = e.first_values;
   lock.unlock();
-  const bool ok = eligible(g, l);
-  std::shared_ptr<CompileRequest> req = ok ? request_for(g, key) : nullptr;
+  const std::string why = ineligible(g, l);
+  std::shared_ptr<CompileRequest> req = why.empty() ? request_for(g, key) : nullptr;
   if (req) req->varying = varying_constants(g, first);
   lock.lock();
   Entry& again = entry_for(t, key);
   if (again.state != State::Cold) return;
   if (!req) {
     again.state = State::Rejected;
+    t.last_error = "not compiled: " + why;
     return;
   }
   again.state = State::Queued;
