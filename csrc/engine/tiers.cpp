@@ -2,6 +2,7 @@
 // and the measured choice between the tiers.
 #include "engine/tiers.h"
 
+#include "capture/lazy_tensor.h"
 #include "engine/plan_cache.h"
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
@@ -252,26 +253,27 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     if (!p.device.is_cpu()) return "lanes off the host";
   const ir::CallState plain;
   for (const auto& n : g.nodes) {
-    const std::string op(n->name);
-    if (n->kind != ir::NodeKind::Op || !n->op) return op + ": not an ATen op";
-    if (n->seed) return op + ": random";
-    if (n->state != plain) return op + ": called under non-default settings";
+    // Every tier-1 run checks its graph: the reason is made only when there is one.
+    auto no = [&](const char* why) { return std::string(n->name) + ": " + why; };
+    if (n->kind != ir::NodeKind::Op || !n->op) return no("not an ATen op");
+    if (n->seed) return no("random");
+    if (n->state != plain) return no("called under non-default settings");
     for (const auto& a : n->args) {
       if (a.kind == ir::Arg::Kind::Constant && !plain_constant(a.constant))
-        return op + ": a constant argument that is not a plain value";
+        return no("a constant argument that is not a plain value");
       for (const auto& t : a.tensors)
-        if (t && (t->geom.conj || t->geom.neg)) return op + ": a conjugate or negative view";
+        if (t && (t->geom.conj || t->geom.neg)) return no("a conjugate or negative view");
     }
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
-      if (!ref || ref->geom != w.after) return op + ": an out= tensor resized";
+      if (!ref || ref->geom != w.after) return no("an out= tensor resized");
     }
     for (const auto& v : n->operands) {
       if (g.find(v.node.get()) >= 0) continue;
       const auto kind = v.node->kind;
       if (kind == ir::NodeKind::Data ? !v.node->data.device().is_cpu() : kind != ir::NodeKind::Empty)
-        return op + ": reads bytes off the host";
+        return no("reads bytes off the host");
     }
   }
   return "";
@@ -313,11 +315,6 @@ c10::Storage leaf_bytes(const ir::Value& v) {
   });
 }
 
-bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
-  return t.scalar_type() == g.dtype && t.storage_offset() == g.offset && t.sizes() == c10::IntArrayRef(g.sizes) &&
-      t.strides() == c10::IntArrayRef(g.strides) && !t.is_conj() && !t.is_neg();
-}
-
 // Runs `c` on `g`'s leaves; the roots' bytes in an ExecResult as tier 0
 // would leave them. Throws when the compiled code does (nothing written).
 runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
@@ -356,7 +353,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
       geom.strides = {1};
     }
     c10::Storage s;
-    const bool own = t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && same_geometry(t, geom) &&
+    const bool own = t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && capture::geometry_of(t) == geom &&
         t.storage().nbytes() >= o.nbytes && !input_bytes.count(t.storage().data()) &&
         output_bytes.insert(t.storage().data()).second;
     if (own) {
