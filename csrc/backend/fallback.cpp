@@ -63,7 +63,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   if (!cpu_as_meta) capture::check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
   bool background_safe = false;
   try {
-    background_safe = capture::record(op, stack, cpu_as_meta);
+    background_safe = capture::record(op, stack, cpu_as_meta, state);
   } catch (const std::exception&) {
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error.

@@ -25,7 +25,8 @@ void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // Records the call as a node (the results replace the arguments on the
 // stack), or raises what eager raises at the call and records nothing.
 // `cpu_as_meta` lets whole CPU tensors in (copies from the host). Returns
-// whether the node may run on the background worker. Under the state lock.
-bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta);
+// whether the node may run on the background worker. `state` is the call's
+// settings (ir::current_call_state(), read once per call). Under the state lock.
+bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta, const ir::CallState& state);
 
 } // namespace torch_mgpu::capture

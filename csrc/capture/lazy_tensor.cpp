@@ -8,14 +8,32 @@
 
 #include <algorithm>
 #include <atomic>
-#include <unordered_set>
 
 namespace torch_mgpu::capture {
 
 namespace {
-std::unordered_set<LazyBuffer*>& registry() {
-  static auto* r = new std::unordered_set<LazyBuffer*>();  // leaked: outlives static teardown
+// Every live buffer, in a ring through the buffers themselves (no
+// allocation per storage). Guarded by the state lock.
+LazyBuffer& registry() {
+  static auto* r = [] {
+    auto* head = new LazyBuffer();  // leaked: outlives static teardown
+    head->prev = head->next = head;
+    return head;
+  }();
   return *r;
+}
+void link(LazyBuffer* b) {
+  LazyBuffer& head = registry();
+  b->prev = head.prev;
+  b->next = &head;
+  head.prev->next = b;
+  head.prev = b;
+}
+void unlink(LazyBuffer* b) {
+  if (!b->next) return;
+  b->prev->next = b->next;
+  b->next->prev = b->prev;
+  b->prev = b->next = nullptr;
 }
 
 // Runs wherever a storage dies, often with the GIL held: never waits for the
@@ -40,10 +58,13 @@ struct LazyAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     auto* b = new LazyBuffer();
     b->value.node = ir::make_empty(nbytes);
-    // Device index: storages are created through new_storage, which fixes it.
+    return adopt(b);
+  }
+  // Device index: storages are created through new_storage, which fixes it.
+  static c10::DataPtr adopt(LazyBuffer* b) {
     {
       StateLock lock;
-      registry().insert(b);
+      link(b);
     }
     return {b, b, &delete_buffer, c10::Device(c10::DeviceType::PrivateUse1, 0)};
   }
@@ -111,7 +132,7 @@ struct LazyAllocator final : c10::DeviceAllocator {
 } // namespace
 
 void free_buffer(LazyBuffer* b) {
-  registry().erase(b);
+  unlink(b);
   delete b;  // drops the value: a dead branch of the graph is freed here
 }
 
@@ -149,11 +170,12 @@ ir::TensorGeometry geometry_of(const at::Tensor& t) {
 
 c10::Storage new_storage(size_t nbytes, c10::DeviceIndex device, ir::NodePtr node, int index) {
   auto* alloc = lazy_allocator();
-  c10::DataPtr dp = alloc->allocate(nbytes);
-  auto* b = static_cast<LazyBuffer*>(dp.get_context());
+  // A node's output needs no Empty value made first (a node of its own).
+  auto* b = new LazyBuffer();
+  b->value = node ? ir::Value{std::move(node), index} : ir::Value{ir::make_empty(nbytes), 0};
   b->device = device;
+  c10::DataPtr dp = LazyAllocator::adopt(b);
   dp.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, device));
-  if (node) b->value = ir::Value{std::move(node), index};
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), nbytes, std::move(dp), alloc,
       /*resizable=*/true));
@@ -170,7 +192,8 @@ at::Tensor meta_view(const c10::Storage& meta_storage, const ir::TensorGeometry&
 std::vector<LazyBuffer*> pending_buffers() {
   StateLock lock;
   std::vector<LazyBuffer*> out;
-  for (auto* b : registry())
+  const LazyBuffer* head = &registry();
+  for (LazyBuffer* b = head->next; b != head; b = b->next)
     if (b->value.node && b->value.node->is_pending()) out.push_back(b);
   return out;
 }

@@ -19,6 +19,9 @@ struct LazyBuffer {
   // Current version of the storage's bytes. Guarded by the state lock.
   ir::Value value;
   c10::DeviceIndex device = 0;
+  // The ring of live buffers (lazy_tensor.cpp). Guarded by the state lock.
+  LazyBuffer* prev = nullptr;
+  LazyBuffer* next = nullptr;
 };
 
 // The allocator behind mgpu storages: allocating creates a LazyBuffer whose

@@ -915,7 +915,7 @@ void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, 
 // writes (infer_call), the node and its inputs (node_for), its outputs
 // (outputs_of), then, once the node is complete and hashed, the commit and
 // the results. Any phase before the commit may raise: nothing is recorded.
-bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta, const ir::CallState& state) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   // The arguments, in place on the stack until the results replace them.
@@ -936,7 +936,6 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   // The settings kernels read (Meta's included: the default dtype decides
   // an integer division's result type, a deterministic mode makes some
   // calls raise) are part of the key and go with the node.
-  const ir::CallState state = ir::current_call_state();
   call.key.add(static_cast<int64_t>(state.default_dtype) | int64_t{state.deterministic} << 8 |
                int64_t{state.deterministic_warn_only} << 9 | int64_t{state.fill_uninitialized} << 10 |
                int64_t{state.matmul_precision} << 11);

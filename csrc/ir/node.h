@@ -54,7 +54,8 @@ struct Arg {
   enum class Kind : uint8_t { Constant, Tensor, TensorList, OptionalTensorList };
   Kind kind = Kind::Constant;
   c10::IValue constant;
-  std::vector<std::optional<TensorRef>> tensors;
+  // Most arguments hold one tensor: kept inline, no allocation per argument.
+  c10::SmallVector<std::optional<TensorRef>, 1> tensors;
 };
 
 // The process-wide settings that a kernel reads when it runs, as they were

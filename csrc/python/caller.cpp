@@ -9,7 +9,6 @@
 #include <Python.h>
 #include <frameobject.h>
 
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -21,10 +20,23 @@ namespace {
 // Guarded by the GIL. The caches hold a reference to each code object they
 // key: a freed code object's address may be taken by another one (a loop
 // that compiles and runs code), which must not inherit its answers.
+// A call site: a code object and the offset of its instruction in it (the
+// line number is worked out once per site: finding it walks the line table).
+struct Site {
+  PyCodeObject* code;
+  int instruction;
+  bool operator==(const Site& o) const { return code == o.code && instruction == o.instruction; }
+};
+struct SiteHash {
+  size_t operator()(const Site& s) const {
+    return std::hash<const void*>()(s.code) ^ (static_cast<size_t>(s.instruction) * 0x9E3779B97F4A7C15ULL);
+  }
+};
+
 struct Callers {
   std::vector<std::string> internal_dirs;                     // torch's and torch_mgpu's packages
   std::unordered_map<PyCodeObject*, bool> internal;           // by code object
-  std::map<std::pair<PyCodeObject*, int>, std::string_view> locations;  // by (code object, line)
+  std::unordered_map<Site, std::string_view, SiteHash> locations;
   std::vector<PyObject*> held;                                // the code objects keyed above
   void hold(PyCodeObject* code) {
     if (held.size() >= 50000) {  // bounded: forget everything, let the code objects go
@@ -56,16 +68,21 @@ bool is_internal(Callers& c, PyCodeObject* code) {
   return inside;
 }
 
-std::string_view location(Callers& c, PyCodeObject* code, int line) {
+// Where `frame` (running `code`) is: "file.py:12".
+std::string_view location(Callers& c, PyCodeObject* code, PyFrameObject* frame) {
   is_internal(c, code);  // holds the code object
-  const auto key = std::make_pair(code, line);
+#if PY_VERSION_HEX >= 0x030B0000
+  const Site key{code, PyFrame_GetLasti(frame)};
+#else
+  const Site key{code, PyFrame_GetLineNumber(frame)};
+#endif
   auto it = c.locations.find(key);
   if (it != c.locations.end()) return it->second;
   std::string where = "?";
   if (const char* file = PyUnicode_AsUTF8(code->co_filename)) where = file;
   else PyErr_Clear();
   where.push_back(':');
-  where.append(std::to_string(line));
+  where.append(std::to_string(PyFrame_GetLineNumber(frame)));
   return c.locations.emplace(key, ir::intern(where)).first->second;
 }
 
@@ -81,7 +98,7 @@ std::string_view python_caller() {
   PyFrameObject* outermost_internal = nullptr;
   for (int depth = 0; frame && depth < 32 && where.empty(); ++depth) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-    if (!is_internal(c, code)) where = location(c, code, PyFrame_GetLineNumber(frame));
+    if (!is_internal(c, code)) where = location(c, code, frame);
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     if (where.empty() && !back) {
@@ -96,7 +113,7 @@ std::string_view python_caller() {
   Py_XDECREF(frame);
   if (where.empty() && outermost_internal) {
     PyCodeObject* code = PyFrame_GetCode(outermost_internal);
-    where = location(c, code, PyFrame_GetLineNumber(outermost_internal));
+    where = location(c, code, outermost_internal);
     Py_DECREF(code);
   }
   Py_XDECREF(outermost_internal);
