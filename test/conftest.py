@@ -5,6 +5,11 @@ import torch
 
 import torch_mgpu  # noqa: F401  (registers the mgpu device)
 
+# The cost model calibrates once per process, on first use: here, on a quiet
+# machine, not while a test has inductor's compile workers starting (rates
+# measured then are off by 5-100x, and plans follow them).
+torch_mgpu._C._cost_model()
+
 
 @pytest.fixture(autouse=True)
 def _clean_state():

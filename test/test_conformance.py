@@ -274,6 +274,32 @@ def test_pointwise_results_keep_their_inputs_dense_layout(op):
         assert_same(got, want)
 
 
+# Results of several inputs of different layouts: TensorIterator weighs them
+# all, and some Meta kernels lay the result out otherwise (seeds 992440,
+# 994800, 998728 of the fuzzer): strides as eager's, so that a later
+# `view` succeeds or fails as in eager.
+@pytest.mark.parametrize("case", [
+    lambda a, b: torch.floor_divide(a.exp2(), a.t()),
+    lambda a, b: a.t() != 0.5,
+    lambda a, b: torch.true_divide(a // a.t(), b),
+    lambda a, b: torch.remainder(a, a.t()),
+])
+def test_results_of_inputs_of_mixed_layouts_have_eagers_strides(case):
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(53))
+    b = torch.tensor(0.5)
+    want = case(a, b)
+    got = case(a.to("mgpu"), b.to("mgpu"))
+    assert got.stride() == want.stride()
+    assert_same(got, want)
+    try:
+        flat = want.view(-1)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            got.view(-1)
+    else:
+        assert_same(got.view(-1), flat)
+
+
 @pytest.mark.parametrize("factory", [lambda d: torch.empty(3, device=d), lambda d: torch.empty(2, 2, dtype=torch.int32, device=d),
                                      lambda d: torch.empty_strided((2, 3), (1, 2), device=d),
                                      lambda d: torch.empty_like(torch.ones(3, dtype=torch.float64, device=d))])

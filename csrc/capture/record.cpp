@@ -411,8 +411,10 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
 // With `written` (small calls, whose twins keep the mgpu tensors' layout),
 // the geometry each written tensor was left with, in the order of the
 // call's written slots (left empty for large calls).
+// `kept_layout` (if given) says whether the twins had the mgpu tensors'
+// geometry (small calls), so that the results' strides are eager's.
 torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones, bool quiet,
-                             std::vector<ir::TensorGeometry>* written = nullptr) {
+                             std::vector<ir::TensorGeometry>* written = nullptr, bool* kept_layout = nullptr) {
   constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
   std::vector<at::Tensor> filled;  // the tensors standing for mgpu ones
@@ -428,6 +430,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
           if (t.storage().unsafeGetStorageImpl() == m.unsafeGetStorageImpl()) filled.push_back(t);
       });
     written_twins = twins.mutated_meta;
+    if (kept_layout) *kept_layout = true;
   } else {
     s = zero_arguments(args, /*cut=*/false, &filled);
   }
@@ -470,8 +473,12 @@ torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
 // gives (PyTorch's Python Meta kernel for `bool_tensor ** False` says int64,
 // CPU gives bool; `nansum(x, dim=[])` keeps x's shape on Meta, CPU reduces
 // every dim), the fresh result takes the CPU kernel's, so that the mgpu
-// tensor is what eager returns and the kernel's bytes need no cast.
-void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_too) {
+// tensor is what eager returns and the kernel's bytes need no cast. With
+// `strides_too` (the probe's inputs had the mgpu tensors' layout), a dense
+// result also takes the CPU kernel's strides: TensorIterator lays out
+// `floor_divide(a, b.t())` or `a.t() != 0.5` otherwise than some Meta
+// kernels do, and a later `view` must succeed or fail as in eager.
+void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_too, bool strides_too) {
   std::vector<at::Tensor> flat;
   for (const auto& v : cpu) {
     if (v.isTensor()) flat.push_back(v.toTensor());
@@ -486,12 +493,17 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_to
     auto& m = r.tensors[k];
     if (!t.defined() || !m.defined || m.alias >= 0) continue;
     const bool other_sizes = sizes_too && t.sizes() != c10::IntArrayRef(m.geom.sizes);
-    if (t.scalar_type() == m.geom.dtype && !other_sizes) continue;
+    const bool other_strides = strides_too && !other_sizes && t.numel() > 1 && t.is_non_overlapping_and_dense() &&
+        (t.strides() != c10::IntArrayRef(m.geom.strides) || m.geom.offset != 0);
+    if (t.scalar_type() == m.geom.dtype && !other_sizes && !other_strides) continue;
     m.geom.dtype = t.scalar_type();
     if (other_sizes) {
       m.geom.sizes.assign(t.sizes().begin(), t.sizes().end());
       const auto strides = c10::contiguous_strides(t.sizes());
       m.geom.strides.assign(strides.begin(), strides.end());
+      m.geom.offset = 0;
+    } else if (other_strides) {
+      m.geom.strides.assign(t.strides().begin(), t.strides().end());
       m.geom.offset = 0;
     }
     const size_t item = c10::elementSize(t.scalar_type());
@@ -544,7 +556,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   if (numel > kMaxProbeNumel) {
     try {
       auto results = probe_cut(op, args);
-      if (plain) take_cpu_results(results, meta, /*sizes_too=*/false);
+      if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
       return;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells.
@@ -554,8 +566,9 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   }
   try {
     std::vector<ir::TensorGeometry> written;
-    auto results = probe_call(op, args, /*ones=*/false, quiet, &written);
-    if (plain) take_cpu_results(results, meta, /*sizes_too=*/true);
+    bool kept_layout = false;
+    auto results = probe_call(op, args, /*ones=*/false, quiet, &written, &kept_layout);
+    if (plain) take_cpu_results(results, meta, /*sizes_too=*/true, kept_layout);
     take_cpu_written(written, meta);
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
