@@ -237,7 +237,11 @@ def test_simulator_above_lower_bound_and_not_worse_than_heft(devices):
     assert torch_mgpu.pending_ops() > 0  # nothing ran
     assert auto.lower_bound == pytest.approx(max(auto.critical_path, auto.total_work / devices))
     assert auto.makespan >= auto.lower_bound * 0.999
-    assert auto.makespan <= heft.makespan * 1.0001
+    # auto keeps one lane unless a parallel plan beats it by 5% (its margin
+    # for estimates): never worse than HEFT by more than that margin.
+    assert auto.makespan <= heft.makespan / 0.95 * 1.0001
+    if heft.makespan < 0.95 * auto.makespan:  # HEFT beats the margin: auto took a parallel plan
+        assert auto.makespan <= heft.makespan * 1.0001
     # How close to the bound is a benchmark figure (benchmarks/), not a test.
     assert auto.plan is not None and len(auto.plan.lanes) == devices
     del out
