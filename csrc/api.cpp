@@ -58,6 +58,7 @@ int64_t max_pending_ops() { return engine::max_pending_ops(); }
 void set_max_pending_ops(int64_t n) { engine::set_max_pending_ops(n); }
 int64_t async_ops() { return engine::async_ops(); }
 void set_async_ops(int64_t n) { engine::set_async_ops(n); }
+void wait_for_flight() { engine::wait_for_flight(); }
 
 c10::Device device(int index) {
   capture::check_device_index(static_cast<c10::DeviceIndex>(index));

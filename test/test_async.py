@@ -104,6 +104,50 @@ def test_error_in_the_background_surfaces_at_the_next_sync(async_ops):
     torch_mgpu.synchronize()  # the error was reported once
 
 
+@pytest.mark.parametrize("change", ["default_dtype", "default_dtype_twice"])
+def test_a_setting_changed_under_a_flight_does_not_reach_its_ops(async_ops, change):
+    # sin of an int32 tensor computes in the default dtype: under float32 at
+    # the call. The flight starts at the third op (slow products first), and
+    # the program changes the default dtype while it runs (fuzzer seed
+    # 905638): the flight's sin must still compute as eager's did.
+    async_ops(3)
+    a = torch.randn(600, 600)
+    i = torch.tensor([1_000_000_007, 123_456_789, 987_654_321], dtype=torch.int32)
+    want = i.sin()
+    am, im = a.to("mgpu"), i.to("mgpu")
+    torch_mgpu.synchronize()
+    m = am @ am
+    m = m @ am
+    s = im.sin()
+    torch.set_default_dtype(torch.float64)
+    try:
+        if change == "default_dtype_twice":
+            torch.set_default_dtype(torch.float32)
+            torch.set_default_dtype(torch.float64)
+        after = im.sin()  # a new graph, under float64
+        got = s.cpu()
+        assert after.dtype == torch.float64
+        assert torch.equal(after.cpu(), i.sin())
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    torch.testing.assert_close(m.cpu(), a @ a @ a, rtol=1e-4, atol=1e-2)
+
+
+def test_setting_changes_wait_for_the_flight_in_python_and_cpp():
+    # torch's setters are torch_mgpu's thin wrappers (they keep name and docs).
+    for name in ("set_default_dtype", "use_deterministic_algorithms", "set_float32_matmul_precision"):
+        fn = getattr(torch, name)
+        assert fn._mgpu_waits_for_flight and fn.__name__ == name and fn.__doc__
+    import torch.utils.deterministic as det
+    assert type(det).fill_uninitialized_memory.fset._mgpu_waits_for_flight
+    before = det.fill_uninitialized_memory
+    det.fill_uninitialized_memory = not before
+    assert det.fill_uninitialized_memory == (not before)
+    det.fill_uninitialized_memory = before
+    torch_mgpu._C._wait_for_flight()  # nothing in flight: returns
+
+
 def test_random_ops_stay_deterministic(async_ops):
     def run():
         torch.manual_seed(7)

@@ -174,6 +174,11 @@ std::exception_ptr take_background_error() {
   return e;
 }
 
+void wait_for_flight() {
+  capture::StateLock lock;
+  finish_flight();
+}
+
 int64_t async_ops() {
   capture::StateLock lock;
   return background().threshold;

@@ -77,6 +77,12 @@ c10::Storage materialize(const c10::Storage& mgpu_storage);
 void recorded(bool background_safe);
 int64_t async_ops();
 void set_async_ops(int64_t n);
+// Waits for the flight in progress, if any, and binds it (an error it raised
+// surfaces at the next sync, as always). Called before a process-wide
+// setting changes (the default dtype, deterministic mode, matmul precision):
+// a flight's kernels read those settings while they run, so a change made
+// under a running flight would reach ops called before it.
+void wait_for_flight();
 
 // The graph-size limit that triggers an automatic sync.
 int64_t max_pending_ops();

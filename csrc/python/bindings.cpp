@@ -189,6 +189,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_max_pending_ops", &torch_mgpu::set_max_pending_ops, nogil());
   m.def("async_ops", &torch_mgpu::async_ops, nogil());
   m.def("set_async_ops", &torch_mgpu::set_async_ops, nogil());
+  m.def("_wait_for_flight", &torch_mgpu::wait_for_flight, nogil());
   m.def("device_count", [] { return 1; });
   m.def("check_device_index", [](int64_t index) {
     torch_mgpu::capture::check_device_index(static_cast<c10::DeviceIndex>(std::clamp<int64_t>(index, -2, 127)));

@@ -36,6 +36,11 @@ void set_max_pending_ops(int64_t n);
 // 0 turns it off). Errors surface at the next sync point.
 int64_t async_ops();
 void set_async_ops(int64_t n);
+// Waits for the background flight in progress, if any. A C++ program calls it
+// before changing a process-wide setting that kernels read (the default
+// dtype, deterministic mode, matmul precision) while ops may be in flight;
+// in Python, torch_mgpu does it inside torch.set_default_dtype and its kin.
+void wait_for_flight();
 // The mgpu device (index 0: one virtual device spans all lanes).
 c10::Device device(int index = 0);
 
