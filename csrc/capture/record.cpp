@@ -493,7 +493,9 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_to
     auto& m = r.tensors[k];
     if (!t.defined() || !m.defined || m.alias >= 0) continue;
     const bool other_sizes = sizes_too && t.sizes() != c10::IntArrayRef(m.geom.sizes);
-    const bool other_strides = strides_too && !other_sizes && t.numel() > 1 && t.is_non_overlapping_and_dense() &&
+    // (Strides of a result of at most one element are the kernel's choice
+    // too: `(0, 1, 2)-shaped * (1,)` is (2, 0, 1) in eager.)
+    const bool other_strides = strides_too && !other_sizes && (t.numel() <= 1 || t.is_non_overlapping_and_dense()) &&
         (t.strides() != c10::IntArrayRef(m.geom.strides) || m.geom.offset != 0);
     if (t.scalar_type() == m.geom.dtype && !other_sizes && !other_strides) continue;
     m.geom.dtype = t.scalar_type();
