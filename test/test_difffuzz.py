@@ -155,3 +155,20 @@ def test_uploads_copy_host_tensors():
     # change the host tensor on CPU only.
     sources = [st.src for s in range(300) for st in difffuzz.generate(s).stmts if st.tag.endswith("upload")]
     assert sources and all(src.endswith(".to(dev, copy=True)") for src in sources)
+
+
+def test_a_value_that_differs_only_as_fewer_threads_round_is_no_mismatch():
+    # Seed 993905: a (3501,) @ (3501, 2) product, then `x ** y`. A lane runs
+    # the product with one thread, eager with two, which sums in another
+    # order: the last bits differ and the power amplifies them. The one-thread
+    # reference is what the lane computed.
+    prog = difffuzz.generate(993905)
+    cfg = difffuzz.CONFIGS[0]
+    with difffuzz.configured(cfg):
+        got = difffuzz.run(prog, "mgpu")
+    ref = difffuzz.run(prog, "cpu")
+    assert difffuzz.against_eager(prog, ref, got) == []
+    if torch.get_num_threads() > 1:
+        assert difffuzz.compare(prog, ref, got), "eager with its threads rounds otherwise"
+    found, _ = difffuzz.check([prog], configs=[cfg])
+    assert found == {}
