@@ -162,6 +162,33 @@ TEST(Api, SimulateStatsAndLimits) {
   EXPECT_TRUE(torch::equal(z.cpu(), want));
 }
 
+// A C++ program that changes a process-wide setting with ops in flight
+// waits for the flight first: the flight's kernels read the setting while
+// they run (sin of an int32 tensor computes in the default dtype).
+TEST(Api, WaitForFlightBeforeChangingASetting) {
+  torch_mgpu::synchronize();
+  const int64_t async = torch_mgpu::async_ops();
+  torch_mgpu::set_async_ops(3);
+  auto a = torch::randn({600, 600});
+  auto i = torch::tensor({1000000007, 123456789, 987654321}, torch::kInt32);
+  auto want = i.sin();
+  auto am = a.to(torch_mgpu::device());
+  auto im = i.to(torch_mgpu::device());
+  torch_mgpu::synchronize();
+  auto m = am.matmul(am);
+  m = m.matmul(am);
+  auto s = im.sin();  // the third op: a flight starts, the products first
+  torch_mgpu::wait_for_flight();
+  const auto saved = c10::get_default_dtype();
+  c10::set_default_dtype(c10::scalarTypeToTypeMeta(torch::kDouble));
+  auto got = s.cpu();
+  c10::set_default_dtype(saved);
+  torch_mgpu::set_async_ops(async);
+  EXPECT_EQ(got.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(got, want)) << got << want;
+  torch_mgpu::wait_for_flight();  // nothing in flight: returns
+}
+
 } // namespace
 
 namespace {
