@@ -811,7 +811,27 @@ class Gen:
         if r.random() < 0.2:
             self.emit(f"{t}[{idx}] += {self.scalar('int')}", "setitem." + op)
         else:
-            self.emit(f"{t}[{idx}] = {value}", "setitem." + op)
+            self.emit(f"{t}[{idx}] = {value}", "setitem." + op + self.zero_dim_tag(t, value))
+
+    def zero_dim_tag(self, t, value):
+        """ZERO_DIM where `t[...] = value` meets the documented difference of
+        a 0-dim tensor value: PyTorch's indexing copies it (copy_) where it
+        is on the device and fills with it (fill_) where it is on the host.
+        A copy refuses a value that overlaps the written elements (as on
+        CUDA), and autograd sees a copy's cast: the value's gradient (a real
+        value into a complex tensor, a float one into an integer tensor)
+        differs from a fill's."""
+        if value not in self.ns:
+            return ""
+        vt, vv = self.val(t), self.val(value)
+        if not isinstance(vv, torch.Tensor) or vv.dim() != 0:
+            return ""
+        try:
+            shared = (vv.untyped_storage().nbytes() > 0
+                      and vv.untyped_storage().data_ptr() == vt.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            shared = False  # a tensor without storage (autograd's zero tensors)
+        return ZERO_DIM if shared or (vv.requires_grad and vv.dtype != vt.dtype) else ""
 
     # -- out=
 
@@ -862,11 +882,16 @@ class Gen:
     def out_tag(self, op, call, outs):
         """The tag of an out= call of `op`: marked ALIASED where an out=
         tensor shares memory with an input (eager's result then depends on
-        its kernel's order of reads and writes)."""
+        its kernel's order of reads and writes). An empty storage counts:
+        the out= tensor resized is then the input resized (seed 965658)."""
         def storage(name):
             t = self.val(name)
-            return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else None
-        inputs = {storage(n) for n in set(re.findall(r"\b[vhs]\d+\b", call)) if n in self.ns} - {None}
+            if torch._is_zerotensor(t):
+                # No storage: no out= call with one (as before, so that a
+                # seed makes the program it made then).
+                raise ValueError(f"{name} is a zero tensor")
+            return t.untyped_storage()._cdata
+        inputs = {storage(n) for n in set(re.findall(r"\b[vhs]\d+\b", call)) if n in self.ns}
         aliased = any(storage(n) in inputs for n in outs)
         return "out." + op + (ALIASED if aliased else "")
 
@@ -1233,8 +1258,9 @@ class Raised:
     # raised: whether it left them as they were.
     outs_before: dict = None
     outs_after: dict = None
-    # Other names bound to an out= tensor (`y = x.to(x.device)` is x) or,
-    # on the host, to its storage: a side effect on one is one on them.
+    # Other names bound to a tensor the call writes (an out= tensor, the
+    # receiver of an in-place op, the target of `x[i] = v`; `y = x.to(x.device)`
+    # is x) or, on the host, to its storage: a side effect on one is one on them.
     aliases: frozenset = frozenset()
 
     def __str__(self):
@@ -1247,6 +1273,9 @@ class Trace:
     steps: list      # per statement: Raised, or {name: metadata} of the names it defined
     values: dict     # name -> value read at the end (host tensors, numbers, ...) or Raised
     sync: object     # None, or Raised from the final synchronize()
+    # Statements with a documented difference that ran: the other names
+    # bound to the tensors they wrote, or to those tensors' storage.
+    aliases: dict = dataclasses.field(default_factory=dict)
 
 
 def meta(x):
@@ -1267,6 +1296,14 @@ def read(x):
     return x
 
 
+def _host_storage(t):
+    """Where a strided host tensor's bytes start; None for one without bytes
+    (empty, or autograd's zero tensors)."""
+    if t.layout != torch.strided or torch._is_zerotensor(t) or t.untyped_storage().nbytes() == 0:
+        return None
+    return t.untyped_storage().data_ptr()
+
+
 def _aliases(ns, outs, dev):
     targets = [ns[o] for o in outs if isinstance(ns.get(o), torch.Tensor)]
     found = set()
@@ -1274,9 +1311,7 @@ def _aliases(ns, outs, dev):
         if name in outs or not isinstance(v, torch.Tensor):
             continue
         for t in targets:
-            if v is t or (dev == "cpu" and v.layout == torch.strided and t.layout == torch.strided
-                          and v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-                          and v.untyped_storage().nbytes() > 0):
+            if v is t or (dev == "cpu" and _host_storage(v) is not None and _host_storage(v) == _host_storage(t)):
                 found.add(name)
     return frozenset(found)
 
@@ -1286,21 +1321,23 @@ def run(prog, dev):
     that raised defines nothing."""
     ns = namespace(dev)
     ns["__read"] = read
-    steps, values, sync = [], {}, None
+    steps, values, sync, written = [], {}, None, {}
     torch.set_default_dtype(torch.float32)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for code, defs, st in zip(prog.codes, prog.defs, prog.stmts):
+            for i, (code, defs, st) in enumerate(zip(prog.codes, prog.defs, prog.stmts)):
                 outs = st.outs & ns.keys()
                 before = {name: meta(ns[name]) for name in outs}
                 try:
                     exec(code, ns)
                 except Exception as e:
                     steps.append(Raised(type(e), str(e), before, {name: meta(ns[name]) for name in outs},
-                                        _aliases(ns, outs, dev)))
+                                        _aliases(ns, (st.outs | st.writes) & ns.keys(), dev)))
                     continue
                 steps.append({name: meta(ns[name]) for name in defs if name in ns})
+                if st.tag.endswith((ALIASED, ZERO_DIM)):
+                    written[i] = _aliases(ns, (st.outs | st.writes) & ns.keys(), dev)
             for names in prog.defs:
                 for name in names:
                     if name in ns:
@@ -1316,7 +1353,7 @@ def run(prog, dev):
     finally:
         torch.set_default_dtype(torch.float32)
         torch.set_grad_enabled(True)
-    return Trace(steps, values, sync)
+    return Trace(steps, values, sync, written)
 
 
 @dataclasses.dataclass
@@ -1352,7 +1389,7 @@ class Mismatches(list):
     with an input)."""
     failed_calls = ()
     documented = frozenset()
-    aliases = {}  # failed call -> names bound to its out= tensors
+    aliases = {}  # failed call -> other names bound to the tensors it writes
 
 
 def short(t):
@@ -1412,8 +1449,9 @@ def compare(prog, ref, got):
     statements in program order, then those of the values read at the end,
     then the final sync."""
     at_stmt, at_end, failed = [], [], []
-    # Documented: an out= tensor that is also an input is read before it is written.
-    documented = [i for i, st in enumerate(prog.stmts) if st.tag.endswith(ALIASED)]
+    # Documented: an out= tensor that is also an input is read before it is
+    # written; a 0-dim tensor value assigned through indexing is copied.
+    documented = [i for i, st in enumerate(prog.stmts) if st.tag.endswith((ALIASED, ZERO_DIM))]
     def_index = {name: i for i, names in enumerate(prog.defs) for name in names}
     for i, (a, b) in enumerate(zip(ref.steps, got.steps)):
         tag = prog.stmts[i].tag
@@ -1425,6 +1463,15 @@ def compare(prog, ref, got):
                     # Documented: a call that raises leaves its out= tensors
                     # as they were (eager may resize or write them first).
                     documented.append(i)
+            elif ra and not rb and "ZeroTensors are immutable" in a.msg:
+                # Documented: autograd's zero tensors are plain zeros on mgpu,
+                # and a write into one is made (eager refuses it).
+                failed.append(i)
+                documented.append(i)
+            elif rb and not ra and tag.endswith(ZERO_DIM) and "refer to a single memory location" in b.msg:
+                # Documented: the copy of a 0-dim value that overlaps what it
+                # writes is refused, as on CUDA (eager's fill reads it first).
+                failed.append(i)
             elif ra and not rb and surfaced_at_a_sync(a, got, i):
                 # Deferred as documented: what follows from it is the
                 # program going on past an error eager stopped at.
@@ -1458,13 +1505,16 @@ def compare(prog, ref, got):
     out = Mismatches(at_stmt + at_end)
     out.failed_calls = tuple(failed)
     out.documented = frozenset(documented)
-    out.aliases = {i: ref.steps[i].aliases | got.steps[i].aliases for i in failed
-                   if isinstance(ref.steps[i], Raised) and isinstance(got.steps[i], Raised)}
+    out.aliases = {i: frozenset().union(*(s.aliases for s in (ref.steps[i], got.steps[i]) if isinstance(s, Raised)))
+                   for i in failed}
+    for i in documented:
+        out.aliases[i] = out.aliases.get(i, frozenset()) | ref.aliases.get(i, frozenset()) | got.aliases.get(i, frozenset())
     return out
 
 
 ERROR_KINDS = ("deferred error", "spurious error", "exception class")
 ALIASED = ".aliased"   # the tag's end for an out= call whose out= tensor shares memory with an input
+ZERO_DIM = ".zero_dim_value"  # the tag's end for `x[i] = t` that meets the documented copy_ of a 0-dim t
 
 
 def tainted(prog, sources, upto=None):
@@ -1503,10 +1553,11 @@ def primary(prog, mismatches):
         return names | st.stores | aliases.get(j, frozenset())
 
     def blame(names, upto):
-        for j in failed:
-            if j < upto and prog.stmts[j].writes and names & tainted(prog, {j: touched(j)}, upto):
-                return j
-        return None
+        # The failed calls whose writes reach `names`; of those, one whose
+        # difference is documented explains it, else the first.
+        found = [j for j in failed
+                 if j < upto and prog.stmts[j].writes and names & tainted(prog, {j: touched(j)}, upto)]
+        return next((j for j in found if j in documented), found[0] if found else None)
 
     out, sources = [], {}
     deferred = errors = False
@@ -1514,8 +1565,11 @@ def primary(prog, mismatches):
         if m.kind == "deferred to a sync":
             # Not a mismatch: an error that depends on data, raised by the
             # next sync and naming its op. What mgpu ran past it differs.
+            # What mgpu recorded after it on the tensors it writes (through
+            # views taken before it too) read its failed output and did not run.
             deferred = errors = True
-            sources[m.index] = sources.get(m.index, set()) | prog.stmts[m.index].stores | prog.stmts[m.index].writes
+            sources[m.index] = (sources.get(m.index, set()) | prog.stmts[m.index].stores
+                                | prog.stmts[m.index].writes | aliases.get(m.index, frozenset()))
             continue
         if m.kind in ERROR_KINDS or m.kind == "metadata":
             i = m.index
