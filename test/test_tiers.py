@@ -3,6 +3,7 @@ with inductor in the background, and later syncs of it run the compiled
 code when it measures faster than running node by node."""
 import pytest
 import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach
 
 import torch_mgpu
 from torch_mgpu import _tiers
@@ -183,12 +184,17 @@ def no_trial():
     torch_mgpu._C._set_tier_trial(True)
 
 
-def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered, no_trial):
+@pytest.mark.parametrize("foreach", [False, None])
+def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered, no_trial, foreach):
     # Adam's step sizes and bias corrections and the schedule's learning
     # rate change every step: they are inputs of the one compiled graph.
+    # foreach=None is Adam's default, the foreach kernels on mgpu (their
+    # lists of scalars become one constant per tensor).
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
-    ref, got = make_training("cpu", False), make_training("mgpu", False)
+    ref, got = make_training("cpu", False), make_training("mgpu", foreach)
+    if foreach is None:
+        assert _default_to_fused_or_foreach(list(got[0].parameters()), False, False)[1]
     xm, ym = x.to("mgpu"), y.to("mgpu")
     before = tier1_stats()
     tiers = []
