@@ -35,6 +35,7 @@ import bench_branches  # noqa: E402
 import bench_capture  # noqa: E402
 import bench_chain  # noqa: E402
 import bench_data_parallel  # noqa: E402
+import bench_features  # noqa: E402
 import bench_inception  # noqa: E402
 import bench_kernels  # noqa: E402
 import bench_matmul_loop  # noqa: E402
@@ -42,7 +43,7 @@ import bench_simulator  # noqa: E402
 from common import tree_map  # noqa: E402
 
 MODULES = [bench_matmul_loop, bench_branches, bench_data_parallel, bench_kernels, bench_inception,
-           bench_chain, bench_capture]
+           bench_chain, bench_features, bench_capture]
 
 
 def rss_kib(field):
