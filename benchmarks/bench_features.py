@@ -1,4 +1,4 @@
-"""Workload 7: many small independent feature transforms (64 features of
+"""Workload 8: many small independent feature transforms (64 features of
 2,048 rows, about 16 small ops each: standardize, clip, and a few
 elementwise maps), the preprocessing of a tabular model. Each feature's
 chain is independent of the others; every op is small, so the per-op cost

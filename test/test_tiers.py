@@ -1,6 +1,10 @@
 """Tier 1 of the lazy path: a graph that syncs again and again is compiled
 with inductor in the background, and later syncs of it run the compiled
 code when it measures faster than running node by node."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.optim.optimizer import _default_to_fused_or_foreach
@@ -263,3 +267,42 @@ def test_tiering_is_off_unless_asked_for():
     assert tier1_stats() == before
     with pytest.raises(ValueError, match="hit count"):
         torch_mgpu.configure(compile=-1)
+
+
+EXIT_AFTER_TIER_1 = """
+import torch, torch_mgpu
+torch_mgpu.set_async_ops(0)
+torch_mgpu.configure(compile=2)
+x = torch.randn(64).to("mgpu")
+for _ in range(3):
+    (x * 2 + 1).cpu()
+assert torch_mgpu.wait_for_compiles(120)
+(x * 2 + 1).cpu()
+print("tier", torch_mgpu.last_plan().tier)
+"""
+
+
+def test_stopping_the_compile_thread_waits_for_it():
+    # The compile thread waits in C++ for the next hot graph. At exit it is
+    # stopped and joined before the interpreter finalizes: left to wake
+    # during finalization, taking the GIL back tore it down through C++
+    # frames ("terminate called without an active exception", SIGABRT, in
+    # some runs of a process that had used tier 1).
+    torch_mgpu.configure(compile=2)
+    try:
+        thread = _tiers._thread
+        assert thread.is_alive()
+        _tiers.stop()
+        assert not thread.is_alive()
+        torch_mgpu.configure(compile=2)  # starts another
+        assert _tiers._thread.is_alive() and _tiers._thread is not thread
+    finally:
+        torch_mgpu.configure(compile=False)
+
+
+def test_a_process_that_used_tier_1_exits_cleanly():
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    done = subprocess.run([sys.executable, "-c", EXIT_AFTER_TIER_1], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tier 1" in done.stdout and "terminate" not in done.stderr

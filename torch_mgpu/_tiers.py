@@ -357,8 +357,16 @@ def start():
         _thread.start()
 
 
-def stop():
+def stop(timeout: float = 30.0):
+    """Stops the compile thread and waits for it (at exit: a thread left
+    waiting in C++ for the next hot graph would be torn down by the
+    interpreter's finalization as it takes the GIL back, which aborts the
+    process). A compile in progress is waited for up to `timeout` seconds."""
     _C._tier_stop()
+    with _lock:
+        thread = _thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
 
 
 def set_compile(hits):
