@@ -44,6 +44,7 @@ std::map<std::string, int64_t> stats() {
       {"tier1_compiled", c.tier1_compiled.load()},
       {"tier1_compile_us", c.tier1_compile_us.load()},
       {"tier1_runs", c.tier1_runs.load()},
+      {"tier1_call_us", c.tier1_call_us.load()},
       {"tier1_fallbacks", c.tier1_fallbacks.load()},
       {"tier1_rejected", c.tier1_rejected.load()},
       {"pending_ops", ir::pending_op_count()},

@@ -69,6 +69,7 @@ def test_a_hot_graph_is_compiled_and_runs_with_eager_results(tiered):
     # Hot after two runs, compiled before the third: then on trial in tier 1.
     assert tiers[:2] == [0, 0] and tiers[2] == 1
     assert after["tier1_runs"] > before["tier1_runs"]
+    assert after["tier1_call_us"] > before["tier1_call_us"]
     assert after["tier1_fallbacks"] == before["tier1_fallbacks"]
 
 

@@ -338,6 +338,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
   r.started = std::chrono::steady_clock::now();
   std::vector<at::Tensor> outs = c.run(inputs);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.started).count();
+  runtime::counters().tier1_call_us += static_cast<int64_t>(seconds * 1e6);
   TORCH_CHECK(outs.size() == lay.roots.size(), "mgpu: a compiled graph returned ", outs.size(), " tensors, expected ",
               lay.roots.size());
   std::unordered_set<const void*> output_bytes;

@@ -31,11 +31,14 @@ struct Counters {
   // Tiered execution (engine/tiers.h): graphs queued for compiling, compiled
   // (and the seconds it took, in us), runs of compiled code, runs that
   // failed and went back to tier 0, compiled graphs dropped (slower than
-  // tier 0, or the compiler could not take them).
+  // tier 0, or the compiler could not take them); the time tier-1 runs
+  // spent inside the compiled code (the rest of sync_execute_us is theirs
+  // around it: checks, inputs, outputs).
   alignas(64) std::atomic<int64_t> tier1_hot{0};
   alignas(64) std::atomic<int64_t> tier1_compiled{0};
   alignas(64) std::atomic<int64_t> tier1_compile_us{0};
   alignas(64) std::atomic<int64_t> tier1_runs{0};
+  alignas(64) std::atomic<int64_t> tier1_call_us{0};
   alignas(64) std::atomic<int64_t> tier1_fallbacks{0};
   alignas(64) std::atomic<int64_t> tier1_rejected{0};
 };
