@@ -4,6 +4,7 @@ code when it measures faster than running node by node."""
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -307,3 +308,36 @@ def test_a_process_that_used_tier_1_exits_cleanly():
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tier 1" in done.stdout and "terminate" not in done.stderr
+
+
+def test_torch_compile_on_another_thread_runs_while_a_graph_is_traced(tiered, monkeypatch):
+    # FX tracing sets a process-wide flag: a function torch.compile compiled,
+    # called while the compile thread traces, refused to run ("Detected that
+    # you are using FX to symbolically trace a dynamo-optimized function").
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    f = torch.compile(lambda a: a * 2 + 1, backend="eager")
+    x = torch.randn(8)
+    f(x)  # compiled before the trace starts
+    inside, release = threading.Event(), threading.Event()
+    real = _tiers.compile_request
+
+    def slow(req):
+        def held(t):
+            inside.set()
+            release.wait(60)
+            return t + 1
+        make_fx(held)(torch.randn(2))  # FX's flag is set while this waits
+        return real(req)
+
+    monkeypatch.setattr(_tiers, "compile_request", slow)
+    xm = torch.randn(16).to("mgpu")
+    for _ in range(3):
+        (xm * 3 - 1).cpu()
+    assert inside.wait(60)
+    try:
+        for _ in range(3):
+            torch.testing.assert_close(f(x), x * 2 + 1)
+    finally:
+        release.set()
+    assert torch_mgpu.wait_for_compiles(120)

@@ -14,7 +14,15 @@ inductor's `compile_fx`. The function is pure: a node that writes in place
 writes a copy of what it writes (the copy is free after inductor's passes
 where nothing reads the old bytes), so that a compiled run that fails can
 run again node by node.
+
+FX tracing keeps process-wide state (`torch.fx._symbolic_trace`'s tracing
+flag and patcher), which torch.compile on another thread reads and writes:
+the thread compiles while holding dynamo's compile lock (no frame compiles
+beside it), and while it traces, calls of functions torch.compile already
+compiled run their compiled code instead of refusing ("Detected that you
+are using FX to symbolically trace a dynamo-optimized function").
 """
+import contextlib
 import threading
 import time
 
@@ -331,6 +339,32 @@ def compile_request(req):
     return call, dtypes, description, lifted
 
 
+@contextlib.contextmanager
+def _apart_from_dynamo():
+    """Serializes a tier-1 compile with torch.compile's frame compiles, and
+    keeps compiled functions called meanwhile on other threads from seeing
+    this thread's FX trace as theirs."""
+    try:
+        from torch._dynamo import config, convert_frame
+        lock = convert_frame.compile_lock
+    except (ImportError, AttributeError):  # another torch: no guard to take
+        yield
+        return
+    # The setting's default, not an override: overrides are thread-local,
+    # and it is the other threads' calls that must see it.
+    entry = getattr(config, "_config", {}).get("force_compile_during_fx_trace")
+    with lock:
+        if entry is None or not hasattr(entry, "default"):
+            yield
+            return
+        saved = entry.default
+        entry.default = True
+        try:
+            yield
+        finally:
+            entry.default = saved
+
+
 def _serve():
     while True:
         req = _C._tier_next_request()
@@ -338,7 +372,8 @@ def _serve():
             return
         t0 = time.perf_counter()
         try:
-            fn, dtypes, description, lifted = compile_request(req)
+            with _apart_from_dynamo():
+                fn, dtypes, description, lifted = compile_request(req)
         except Exception as e:  # the graph stays in tier 0
             _C._tier_reject(req["key"], f"{type(e).__name__}: {e}")
             continue
