@@ -1273,9 +1273,12 @@ class Trace:
     steps: list      # per statement: Raised, or {name: metadata} of the names it defined
     values: dict     # name -> value read at the end (host tensors, numbers, ...) or Raised
     sync: object     # None, or Raised from the final synchronize()
-    # Statements with a documented difference that ran: the other names
-    # bound to the tensors they wrote, or to those tensors' storage.
+    # Statements that wrote a tensor and ran: the other names bound to the
+    # tensors they wrote, or (on the host) to those tensors' storage, such as
+    # views taken before the write.
     aliases: dict = dataclasses.field(default_factory=dict)
+    # Statements that defined one of autograd's zero tensors (on the host).
+    zero_tensors: frozenset = frozenset()
 
 
 def meta(x):
@@ -1321,7 +1324,7 @@ def run(prog, dev):
     that raised defines nothing."""
     ns = namespace(dev)
     ns["__read"] = read
-    steps, values, sync, written = [], {}, None, {}
+    steps, values, sync, written, zeros = [], {}, None, {}, set()
     torch.set_default_dtype(torch.float32)
     try:
         with warnings.catch_warnings():
@@ -1336,8 +1339,10 @@ def run(prog, dev):
                                         _aliases(ns, (st.outs | st.writes) & ns.keys(), dev)))
                     continue
                 steps.append({name: meta(ns[name]) for name in defs if name in ns})
-                if st.tag.endswith((ALIASED, ZERO_DIM)):
+                if st.writes:
                     written[i] = _aliases(ns, (st.outs | st.writes) & ns.keys(), dev)
+                if any(isinstance(ns.get(n), torch.Tensor) and torch._is_zerotensor(ns[n]) for n in defs):
+                    zeros.add(i)
             for names in prog.defs:
                 for name in names:
                     if name in ns:
@@ -1353,7 +1358,7 @@ def run(prog, dev):
     finally:
         torch.set_default_dtype(torch.float32)
         torch.set_grad_enabled(True)
-    return Trace(steps, values, sync, written)
+    return Trace(steps, values, sync, written, frozenset(zeros))
 
 
 @dataclasses.dataclass
@@ -1390,6 +1395,7 @@ class Mismatches(list):
     failed_calls = ()
     documented = frozenset()
     aliases = {}  # failed call -> other names bound to the tensors it writes
+    written = {}  # statement -> other names bound to what it wrote (views taken before included)
 
 
 def short(t):
@@ -1450,8 +1456,11 @@ def compare(prog, ref, got):
     then the final sync."""
     at_stmt, at_end, failed = [], [], []
     # Documented: an out= tensor that is also an input is read before it is
-    # written; a 0-dim tensor value assigned through indexing is copied.
+    # written; a 0-dim tensor value assigned through indexing is copied; one
+    # of autograd's zero tensors is plain zeros (eager's divides to inf where
+    # zeros give nan, and refuses writes).
     documented = [i for i, st in enumerate(prog.stmts) if st.tag.endswith((ALIASED, ZERO_DIM))]
+    documented += sorted(ref.zero_tensors - set(documented))
     def_index = {name: i for i, names in enumerate(prog.defs) for name in names}
     for i, (a, b) in enumerate(zip(ref.steps, got.steps)):
         tag = prog.stmts[i].tag
@@ -1509,6 +1518,8 @@ def compare(prog, ref, got):
                    for i in failed}
     for i in documented:
         out.aliases[i] = out.aliases.get(i, frozenset()) | ref.aliases.get(i, frozenset()) | got.aliases.get(i, frozenset())
+    out.written = {i: ref.aliases.get(i, frozenset()) | got.aliases.get(i, frozenset())
+                   for i in set(ref.aliases) | set(got.aliases)}
     return out
 
 
@@ -1517,17 +1528,19 @@ ALIASED = ".aliased"   # the tag's end for an out= call whose out= tensor shares
 ZERO_DIM = ".zero_dim_value"  # the tag's end for `x[i] = t` that meets the documented copy_ of a 0-dim t
 
 
-def tainted(prog, sources, upto=None):
+def tainted(prog, sources, upto=None, written=None):
     """The names that depend on `sources` ({statement index: names it
     touched}) before statement `upto`: those names, and all that a later
-    statement binds or mutates after reading one of them. Forward only: a
-    view taken before the change is not followed."""
+    statement binds or mutates after reading one of them, with the other
+    names of what it mutates (`written`: statement -> names, such as a view
+    taken before the write; without it, forward only)."""
+    written = written or {}
     out = set()
     for i, st in enumerate(prog.stmts[:upto]):
         if i in sources:
             out |= sources[i]
         elif st.loads & out:
-            out |= st.stores | st.writes
+            out |= st.stores | st.writes | written.get(i, frozenset())
     return out
 
 
@@ -1543,6 +1556,7 @@ def primary(prog, mismatches):
     documented = getattr(mismatches, "documented", frozenset())
     failed = sorted(set(getattr(mismatches, "failed_calls", ())) | documented)
     aliases = getattr(mismatches, "aliases", {})
+    written = getattr(mismatches, "written", {})
 
     def touched(j):
         # An out= tensor that shares memory with an input may be any of
@@ -1556,7 +1570,8 @@ def primary(prog, mismatches):
         # The failed calls whose writes reach `names`; of those, one whose
         # difference is documented explains it, else the first.
         found = [j for j in failed
-                 if j < upto and prog.stmts[j].writes and names & tainted(prog, {j: touched(j)}, upto)]
+                 if j < upto and (prog.stmts[j].writes or j in documented)
+                 and names & tainted(prog, {j: touched(j)}, upto, written)]
         return next((j for j in found if j in documented), found[0] if found else None)
 
     out, sources = [], {}
@@ -1574,7 +1589,7 @@ def primary(prog, mismatches):
         if m.kind in ERROR_KINDS or m.kind == "metadata":
             i = m.index
             error = m.kind in ERROR_KINDS
-            secondary = (bool(prog.uses[i] & tainted(prog, sources, i)) or "NameError" in m.detail
+            secondary = (bool(prog.uses[i] & tainted(prog, sources, i, written)) or "NameError" in m.detail
                          or (error and deferred))
             via = None if secondary else blame(prog.uses[i], i)
             if not secondary and via not in documented:
@@ -1591,7 +1606,7 @@ def primary(prog, mismatches):
             continue
         elif m.kind == "sync":
             out.append(m)
-        elif m.name not in tainted(prog, sources):
+        elif m.name not in tainted(prog, sources, written=written):
             m.via = blame({m.name}, len(prog))
             if m.via not in documented:
                 out.append(m)

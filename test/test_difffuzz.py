@@ -186,8 +186,12 @@ def test_a_value_that_differs_only_as_fewer_threads_round_is_no_mismatch():
 #   901255: `x[i] = t` with t a 0-dim view of x is refused as on CUDA;
 #   989701, 597319: autograd through the copy of a 0-dim value of another
 #           dtype (float into int64, real into complex);
-#   965658: an out= tensor with an empty storage that an input is (aliased).
-@pytest.mark.parametrize("seed", [952907, 1005900, 990308, 967697, 901255, 989701, 597319, 965658])
+#   965658: an out= tensor with an empty storage that an input is (aliased);
+#   1106391: a failed mean(out=) that eager wrote before raising, read by a
+#            write into a tensor that a name bound earlier (out=, a view) is;
+#   1149633: a division by autograd's zero tensor (eager: inf, mgpu: nan).
+@pytest.mark.parametrize("seed", [952907, 1005900, 990308, 967697, 901255, 989701, 597319, 965658, 1106391,
+                                  1149633])
 def test_documented_differences_the_fuzzer_found_are_no_mismatch(seed):
     prog = difffuzz.generate(seed)
     with difffuzz.configured(difffuzz.CONFIGS[0]):
