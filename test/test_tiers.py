@@ -249,6 +249,35 @@ def test_a_compiled_run_that_fails_runs_again_in_tier_0(tiered, monkeypatch):
     assert "injected failure" in torch_mgpu._C._tier_last_error()
 
 
+def test_ops_that_size_a_fresh_out_tensor_compile(tiered, no_trial):
+    # abs (like other functional ops whose kernel is empty + out=) is
+    # recorded as abs.out into a fresh empty tensor it resizes: compiled as
+    # the op writing a new tensor (the features benchmark stayed in tier 0).
+    x = torch.randn(6, 5)
+    xm = x.to("mgpu")
+    tiers = []
+    for k in range(4):
+        got = (xm.t().abs() * 2 + xm.t()).cpu()
+        torch.testing.assert_close(got, x.t().abs() * 2 + x.t())
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
+def test_an_out_tensor_resized_over_its_bytes_stays_in_tier_0(tiered):
+    x = torch.randn(6)
+    xm = x.to("mgpu")
+    for k in range(4):
+        out = torch.zeros(2, device="mgpu")  # bytes it had: resized, not replayed
+        torch.mul(xm, 2, out=out)
+        torch.testing.assert_close((out + 1).cpu(), x * 2 + 1)
+        assert torch_mgpu.last_plan().tier == 0
+        if k == 1:
+            torch_mgpu.wait_for_compiles(300)
+    assert "an out= tensor resized" in torch_mgpu._C._tier_last_error()
+
+
 def test_random_graphs_stay_in_tier_0(tiered):
     before = tier1_stats()
     xm = torch.randn(32).to("mgpu")

@@ -108,12 +108,24 @@ def replay_fn(req, subst=None):
 
         for i, (node, op) in enumerate(zip(nodes, ops)):
             operands = node["operands"]
+            # out= tensors the op sizes (fresh and empty: the engine takes no
+            # other): passed at their size after the call, in new bytes.
+            grown = {}
+            for arg, element, after in node.get("written", ()):
+                kind, value = node["args"][arg][2]
+                r = value if kind == "t" else value[element]
+                if r is not None and tuple(r[1][:3]) != tuple(after[:3]):
+                    grown[r[0]] = after
             written = {}
-            for value, mutated, _, _, _ in node["outputs"]:
+            for value, mutated, _, nbytes, _ in node["outputs"]:
                 if mutated >= 0:
                     v = operands[mutated]
                     base, fresh = env[v]
-                    if v < n_leaves or last_read.get(v, -1) > i or v in root_set:
+                    if mutated in grown:
+                        if base.numel() != 0:
+                            raise Unsupported("an out= tensor resized over bytes it had")
+                        base = torch.empty(nbytes // base.element_size(), dtype=base.dtype)
+                    elif v < n_leaves or last_read.get(v, -1) > i or v in root_set:
                         base = torch.clone(base)
                     written[mutated] = (base, fresh)
             saved = {}
@@ -128,7 +140,7 @@ def replay_fn(req, subst=None):
                 operand, geom, tag = r
                 if tag >= 0 and tag in same:
                     return same[tag]
-                t = view(operands[operand], geom)
+                t = view(operands[operand], grown.get(operand, geom))
                 if tag >= 0:
                     same[tag] = t
                 return t

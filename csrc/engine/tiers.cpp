@@ -235,6 +235,11 @@ int leaf_number(const Layout& lay, const ir::Value& v) {
   return -1;
 }
 
+size_t stored_bytes(const ir::Value& v) {
+  const auto& n = *v.node;
+  return n.kind == ir::NodeKind::Data ? n.data.nbytes() : n.outputs.at(v.index).nbytes;
+}
+
 bool plain_constant(const c10::IValue& v) {
   if (wrapped_number(v) || (v.isTensor() && !v.toTensor().defined())) return true;  // a number; None
   if (v.isGenerator() || v.isTensor() || v.isObject() || v.isCapsule() || v.isFuture()) return false;
@@ -267,7 +272,12 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
-      if (!ref || ref->geom != w.after) return no("an out= tensor resized");
+      if (!ref) return no("an out= tensor resized");
+      // A fresh empty out= tensor the op sizes (`abs`, and the other
+      // functional ops whose kernel is empty + out=) replays as the op
+      // writing a new tensor; one with bytes before does not.
+      if (ref->geom != w.after && stored_bytes(n->operands.at(static_cast<size_t>(ref->operand))) != 0)
+        return no("an out= tensor resized");
     }
     for (const auto& v : n->operands) {
       if (g.find(v.node.get()) >= 0) continue;
@@ -287,14 +297,14 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key) {
   const Layout lay = layout_of(g);
   for (const auto& v : lay.leaves) {
     CompileRequest::Leaf leaf;
-    leaf.nbytes = v.node->kind == ir::NodeKind::Data ? v.node->data.nbytes() : v.node->outputs.at(v.index).nbytes;
+    leaf.nbytes = stored_bytes(v);
     req->leaves.push_back(leaf);
   }
   std::vector<int> first(g.size() + 1, static_cast<int>(lay.leaves.size()));
   for (size_t i = 0; i < g.size(); ++i) first[i + 1] = first[i] + static_cast<int>(g.nodes[i]->outputs.size());
   for (size_t i = 0; i < g.size(); ++i) {
     const auto& n = *g.nodes[i];
-    CompileRequest::Node rn{*n.op, n.args, {}, n.outputs, {}};
+    CompileRequest::Node rn{*n.op, n.args, {}, n.outputs, {}, n.written};
     for (const auto& v : n.operands) {
       const int j = g.find(v.node.get());
       rn.operands.push_back(j >= 0 ? first[j] + v.index : leaf_number(lay, v));

@@ -36,6 +36,7 @@ struct CompileRequest {
     std::vector<int> operands;       // value number of each operand
     std::vector<ir::Output> outputs;
     std::vector<int> output_values;  // value number of each output
+    std::vector<ir::Written> written;  // the tensor arguments it writes, with their geometry after
   };
   std::vector<Leaf> leaves;
   std::vector<Node> nodes;

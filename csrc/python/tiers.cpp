@@ -93,6 +93,9 @@ py::dict request_dict(const engine::CompileRequest& req) {
       outs.append(py::make_tuple(n.output_values.at(k), o.mutated_operand, o.returned, o.nbytes, geometry(o.geom)));
     }
     nd["outputs"] = outs;
+    py::list written;
+    for (const auto& w : n.written) written.append(py::make_tuple(w.arg, w.element, geometry(w.after)));
+    nd["written"] = written;
     nodes.append(nd);
   }
   d["nodes"] = nodes;
