@@ -278,6 +278,34 @@ def test_an_out_tensor_resized_over_its_bytes_stays_in_tier_0(tiered):
     assert "an out= tensor resized" in torch_mgpu._C._tier_last_error()
 
 
+def test_compiled_loops_take_the_cores_of_a_lane(tiered, monkeypatch):
+    # Loops on more OpenMP threads than a lane's cores wait at each barrier
+    # for a core the other lane (or another process) holds.
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch._inductor import config as inductor_config
+
+    seen = []
+    real = compile_fx_module.compile_fx
+
+    def spy(*args, **kwargs):
+        seen.append(inductor_config.cpp.threads)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", spy)
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    cores = os.cpu_count() or 1
+    try:
+        for lanes in (1, 2):
+            torch_mgpu.configure(devices=["cpu"], lanes_per_device=lanes)
+            x = torch.randn(3, 7 + lanes).to("mgpu")
+            for _ in range(3):
+                (x.exp() * 2).cpu()
+            assert torch_mgpu.wait_for_compiles(300)
+            assert seen[-1] == max(1, cores // lanes)
+    finally:
+        torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
+
+
 def test_random_graphs_stay_in_tier_0(tiered):
     before = tier1_stats()
     xm = torch.randn(32).to("mgpu")
