@@ -38,6 +38,7 @@ std::map<std::string, int64_t> stats() {
       {"sync_plan_us", c.sync_plan_us.load()},
       {"sync_execute_us", c.sync_execute_us.load()},
       {"sync_bind_us", c.sync_bind_us.load()},
+      {"sync_report_us", c.sync_report_us.load()},
       {"background_flushes", c.background_flushes.load()},
       {"background_wait_us", c.background_wait_us.load()},
       {"tier1_hot_graphs", c.tier1_hot.load()},

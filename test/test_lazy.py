@@ -55,6 +55,20 @@ def test_sync_triggers(trigger, capsys):
     assert torch_mgpu.pending_ops() == 0
 
 
+def test_the_phases_of_a_sync_are_timed():
+    before = torch_mgpu.stats()
+    x = torch.randn(64, device="mgpu")
+    for _ in range(300):
+        x = torch.tanh(x * 1.5)
+    x.cpu()
+    after = torch_mgpu.stats()
+    for phase in ("graph", "plan", "execute", "bind", "report"):
+        key = f"sync_{phase}_us"
+        assert after[key] >= before[key], key
+    assert after["sync_execute_us"] > before["sync_execute_us"]
+    assert after["sync_graph_us"] + after["sync_report_us"] > before["sync_graph_us"] + before["sync_report_us"]
+
+
 def test_pending_graph_limit_triggers_sync():
     old = torch_mgpu.max_pending_ops()
     torch_mgpu.set_max_pending_ops(50)

@@ -130,6 +130,7 @@ void Execution::run() {
     // What the plan did and learned is lost (memory ran out); the results
     // are not.
   }
+  runtime::counters().sync_report_us += micros(t3, clock::now());
   runtime::counters().sync_graph_us += micros(t0, t1);
   runtime::counters().sync_plan_us += micros(t1, t2);
   runtime::counters().sync_execute_us += micros(t2, t3);

@@ -24,6 +24,7 @@ struct Counters {
   alignas(64) std::atomic<int64_t> sync_plan_us{0};
   alignas(64) std::atomic<int64_t> sync_execute_us{0};
   alignas(64) std::atomic<int64_t> sync_bind_us{0};
+  alignas(64) std::atomic<int64_t> sync_report_us{0};  // last_plan()'s record, learning from the run
   // Background execution: flights launched, and microseconds a recording or
   // syncing thread waited for one to finish.
   alignas(64) std::atomic<int64_t> background_flushes{0};
