@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -87,6 +88,54 @@ def test_compiled_code_is_kept_where_it_is_faster(tiered):
     # Its trial (a cold run, then three timed ones) over, it stays in tier 1.
     assert [p.tier for p in plans[2:]] == [1] * 7, torch_mgpu._C._tier_last_error()
     assert "tier 1: compiled 200 ops (mul, tanh)" in str(plans[-1])
+
+
+def test_kept_code_that_slows_down_goes_through_a_second_trial(tiered, monkeypatch):
+    # Kept code is watched: when its recent runs take twice what its first
+    # ones took (here: it starts sleeping, as on a machine that got busy),
+    # tier 0 is measured again and the code goes through a second trial.
+    delay = [0.0]
+    real = _tiers.compile_request
+
+    def slowing(req):
+        fn, dtypes, description, lifted = real(req)
+
+        def call(tensors):
+            time.sleep(delay[0])
+            return fn(tensors)
+        return call, dtypes, description, lifted
+
+    monkeypatch.setattr(_tiers, "compile_request", slowing)
+    def sin_chain(x):  # a graph of its own (the cache is the process's)
+        for _ in range(100):
+            x = torch.sin(x * 1.0001)
+        return x
+
+    x = torch.randn(64)
+    xm = x.to("mgpu")
+    want = sin_chain(x)
+    tiers = []
+    torch_mgpu._C._set_tier_trial(False)  # kept at once, whatever the machine's load
+    try:
+        for k in range(40):
+            if k == 3:
+                torch_mgpu._C._set_tier_trial(True)  # watched from here: 8 runs set its measure
+            if k == 14:
+                delay[0] = 0.02
+            torch.testing.assert_close(sin_chain(xm).cpu(), want, rtol=1e-4, atol=1e-5)
+            tiers.append(torch_mgpu.last_plan().tier)
+            if k == 1:
+                assert torch_mgpu.wait_for_compiles(300)
+    finally:
+        torch_mgpu._C._set_tier_trial(True)
+    assert tiers[:14] == [0, 0] + [1] * 12, tiers
+    # Slow runs until the median of the last 8 doubles, 3 runs of tier 0,
+    # 3 slow runs on trial: dropped, tier 0 from then on.
+    slow = tiers[14:]
+    first0 = slow.index(0)
+    assert 1 <= first0 <= 8 and slow[first0:first0 + 3] == [0] * 3, tiers
+    assert slow[first0 + 3:first0 + 6] == [1] * 3 and set(slow[first0 + 6:]) == {0}, tiers
+    assert "ran no faster than tier 0" in torch_mgpu._C._tier_last_error()
 
 
 def test_floating_constants_are_inputs_of_the_compiled_code(tiered):

@@ -27,8 +27,14 @@ constexpr int kTrialRuns = 3;       // timed tier-1 runs (after an untimed first
 constexpr size_t kTier0Runs = 5;    // tier-0 times kept to compare with
 constexpr double kMargin = 1.05;    // tier 1 is kept only if this much faster
 constexpr size_t kMaxEntries = 256; // graphs remembered; the least recently used goes
+// Kept code whose recent runs (the median of this many) take this many
+// times its trial's median goes back to tier 0 for fresh measurements, then
+// through a second trial: the machine may have got busier, or the graph's
+// inputs larger, since the code was kept.
+constexpr size_t kRecentRuns = 8;
+constexpr double kSlowdown = 2.0;
 
-enum class State { Cold, Queued, Trial, Kept, Rejected };
+enum class State { Cold, Queued, Trial, Kept, Remeasure, Rejected };
 
 struct Entry {
   int hits = 0;
@@ -37,6 +43,8 @@ struct Entry {
   std::vector<uint64_t> first_values;  // each constant's exact hash at the first tier-0 run
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<double> tier0, tier1;  // seconds
+  std::vector<double> recent;         // kept code's latest runs
+  double kept_median = 0;             // its trial's median
   int tier1_runs = 0;
   uint64_t used = 0;
 };
@@ -527,6 +535,25 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   const uint64_t key = run.key ? run.key : key_of(g);
   std::unique_lock<std::mutex> lock(t.m);
   Entry& e = entry_for(t, key);
+  if (run.compiled && e.state == State::Kept) {
+    if (!trial_slot()) return;  // kept without trials: kept as it is
+    e.recent.push_back(seconds);
+    if (e.recent.size() > kRecentRuns) e.recent.erase(e.recent.begin());
+    if (e.kept_median == 0 && e.recent.size() == kRecentRuns) {
+      e.kept_median = median(e.recent);  // kept before trials were on: its first runs are the measure
+      e.recent.clear();
+      return;
+    }
+    const double now = e.recent.size() == kRecentRuns ? median(e.recent) : 0;
+    if (now > kSlowdown * e.kept_median) {
+      t.last_error = "compiled code slowed down (" + std::to_string(now * 1e6) + " us, " +
+          std::to_string(e.kept_median * 1e6) + " us in its trial): tier 0 is measured again for a second trial";
+      e.state = State::Remeasure;
+      e.tier0.clear();
+      e.recent.clear();
+    }
+    return;
+  }
   if (run.compiled) {
     if (e.state != State::Trial) return;
     if (e.tier1_runs++ == 0) return;  // the first call is cold
@@ -534,6 +561,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     if (static_cast<int>(e.tier1.size()) < kTrialRuns) return;
     const bool faster = !e.tier0.empty() && median(e.tier1) * kMargin < median(e.tier0);
     e.state = faster ? State::Kept : State::Rejected;
+    e.kept_median = median(e.tier1);
     if (!faster) {
       t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(median(e.tier1) * 1e6) + " us, tier 0 " +
           (e.tier0.empty() ? std::string("unmeasured") : std::to_string(median(e.tier0) * 1e6) + " us") + ")";
@@ -546,6 +574,14 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.state == State::Rejected || e.state == State::Kept) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
+  if (e.state == State::Remeasure) {
+    if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
+      e.state = State::Trial;
+      e.tier1.clear();
+      e.tier1_runs = 1;  // warm: no untimed run
+    }
+    return;
+  }
   if (e.state != State::Cold) return;
   if (++e.hits == 1) {
     lock.unlock();
