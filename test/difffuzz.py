@@ -1293,7 +1293,10 @@ def meta(x):
 
 def read(x):
     if isinstance(x, torch.Tensor):
-        return x.detach().cpu().resolve_conj().resolve_neg()
+        x = x.detach().cpu()
+        if torch._is_zerotensor(x):
+            x = x.clone()  # autograd's zero tensors have no bytes to show
+        return x.resolve_conj().resolve_neg()
     if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
         return [read(e) for e in x]
     return x

@@ -226,3 +226,11 @@ def test_a_zero_dim_value_is_tagged_where_its_copy_differs_from_a_fill():
     assert gen.zero_dim_tag("v0", "v2") == ""                     # filled or copied alike
     assert gen.zero_dim_tag("v0", "v4") == ""
     assert gen.zero_dim_tag("v0", "1.5") == ""
+
+
+def test_a_zero_tensor_read_at_the_end_has_bytes_to_show():
+    # A worker died describing a mismatch on one of autograd's zero
+    # tensors: tolist() refuses a tensor with unallocated storage.
+    z = difffuzz.read(torch._efficientzerotensor(3))
+    assert not torch._is_zerotensor(z) and z.tolist() == [0.0, 0.0, 0.0]
+    assert "cpu [0.0, 0.0, 0.0]" in difffuzz.differ(z, torch.ones(3))
