@@ -881,9 +881,11 @@ class Gen:
 
     def out_tag(self, op, call, outs):
         """The tag of an out= call of `op`: marked ALIASED where an out=
-        tensor shares memory with an input (eager's result then depends on
-        its kernel's order of reads and writes). An empty storage counts:
-        the out= tensor resized is then the input resized (seed 965658)."""
+        tensor shares memory with an input or with another out= tensor
+        (eager's result then depends on its kernel's order of reads and
+        writes: `torch.max(x, 0, out=(v, v))`, seed 1214903). An empty
+        storage counts: the out= tensor resized is then the input resized
+        (seed 965658)."""
         def storage(name):
             t = self.val(name)
             if torch._is_zerotensor(t):
@@ -892,7 +894,8 @@ class Gen:
                 raise ValueError(f"{name} is a zero tensor")
             return t.untyped_storage()._cdata
         inputs = {storage(n) for n in set(re.findall(r"\b[vhs]\d+\b", call)) if n in self.ns}
-        aliased = any(storage(n) in inputs for n in outs)
+        out_storages = [storage(n) for n in outs]
+        aliased = any(o in inputs for o in out_storages) or len(set(out_storages)) < len(out_storages)
         return "out." + op + (ALIASED if aliased else "")
 
     def out_tensor(self, res):

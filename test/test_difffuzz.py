@@ -114,6 +114,12 @@ def test_an_out_tensor_that_is_an_input_is_a_documented_difference():
     assert gen.out_tag("matmul", "torch.matmul(v0.t(), v0, ", ["v0"]) == "out.matmul" + difffuzz.ALIASED
     gen.ns["v1"] = torch.zeros(3, 3)
     assert gen.out_tag("matmul", "torch.matmul(v0.t(), v0, ", ["v1"]) == "out.matmul"
+    # One tensor as both out= tensors: which result it ends holding is the
+    # kernel's order.
+    gen.ns["v2"] = torch.zeros(3)
+    gen.ns["v3"] = torch.zeros(3, dtype=torch.int64)
+    assert gen.out_tag("max", "torch.max(v0, 0, ", ["v2", "v2"]) == "out.max" + difffuzz.ALIASED
+    assert gen.out_tag("max", "torch.max(v0, 0, ", ["v2", "v3"]) == "out.max"
     prog = Program(0, [Stmt("v0 = torch.tensor([[1, 2, -5], [3, -1, 4]], device=dev)", "input"),
                        Stmt("v1 = v0.clone()", "unary.clone"),
                        Stmt("v2 = torch.matmul(v1.t(), v1, out=v1)", "out.matmul" + difffuzz.ALIASED),
@@ -189,9 +195,10 @@ def test_a_value_that_differs_only_as_fewer_threads_round_is_no_mismatch():
 #   965658: an out= tensor with an empty storage that an input is (aliased);
 #   1106391: a failed mean(out=) that eager wrote before raising, read by a
 #            write into a tensor that a name bound earlier (out=, a view) is;
-#   1149633: a division by autograd's zero tensor (eager: inf, mgpu: nan).
+#   1149633: a division by autograd's zero tensor (eager: inf, mgpu: nan);
+#   1214903: `torch.max(x, 0, out=(v, v))`, one tensor as both out= tensors.
 @pytest.mark.parametrize("seed", [952907, 1005900, 990308, 967697, 901255, 989701, 597319, 965658, 1106391,
-                                  1149633])
+                                  1149633, 1214903])
 def test_documented_differences_the_fuzzer_found_are_no_mismatch(seed):
     prog = difffuzz.generate(seed)
     with difffuzz.configured(difffuzz.CONFIGS[0]):

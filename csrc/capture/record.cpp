@@ -630,6 +630,13 @@ void follow_input_layout(c10::ArrayRef<c10::IValue> args, MetaResult& r) {
   out.strides.assign(input->strides().begin(), input->strides().end());
 }
 
+void make_contiguous(MetaResult& r) {
+  if (r.tensors.size() != 1 || !r.tensors[0].defined || r.tensors[0].alias >= 0) return;
+  auto& out = r.tensors[0].geom;
+  const auto contiguous = c10::contiguous_strides(out.sizes);
+  out.strides.assign(contiguous.begin(), contiguous.end());
+}
+
 // eager restrides an out= tensor only when it resizes it; an out= tensor of
 // the right size keeps its layout, and the kernel writes through it (a
 // structured kernel computes into a contiguous proxy and copies back). Some
@@ -686,6 +693,7 @@ struct OpInfo {
   bool aten = false;           // an aten op (others may have Python kernels)
   bool makes_quantized = false;  // quantize_per_tensor and friends
   bool batch_norm = false;     // native batch norm: eval mode saves nothing
+  bool contiguous_result = false;  // eager allocates its result contiguous, whatever Meta says
 };
 const OpInfo& op_info(const c10::OperatorHandle& op) {
   static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
@@ -707,6 +715,9 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.makes_quantized = schema.name().rfind("aten::quantize_per", 0) == 0 ||
       schema.name().rfind("aten::_make_per_", 0) == 0 || schema.name() == "aten::_empty_affine_quantized" ||
       schema.name() == "aten::_empty_per_channel_affine_quantized";
+  // pow(Scalar, Tensor) allocates its result before it redispatches to
+  // TensorIterator: contiguous in eager, the exponent's layout on Meta.
+  info.contiguous_result = n == "aten::pow.Scalar";
   info.batch_norm = schema.name() == "aten::native_batch_norm" || schema.name() == "aten::_native_batch_norm_legit" ||
       schema.name() == "aten::_native_batch_norm_legit_no_training";
   return infos->emplace(&schema, info).first->second;
@@ -759,7 +770,11 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
     if (op_info(op).batch_norm) saves_nothing_in_eval(schema, args, fresh);
-    if (op.hasTag(at::Tag::pointwise)) follow_input_layout(args, fresh);
+    if (op_info(op).contiguous_result) {
+      make_contiguous(fresh);
+    } else if (op.hasTag(at::Tag::pointwise)) {
+      follow_input_layout(args, fresh);
+    }
     keep_out_layouts(schema, full, fresh);
     // A call that warned is not cached: the next one warns again, as eager
     // does (a uint8 mask's deprecation), or not, for a kernel that warns once.
