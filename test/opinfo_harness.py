@@ -9,6 +9,11 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py --every 6        # a bounded subset (CI)
     python test/opinfo_harness.py --ops add,mm     # named ops
     python test/opinfo_harness.py --noncontiguous  # each sample's tensors as non-contiguous views
+    python test/opinfo_harness.py --transposed     # each sample's tensors laid out column-major
+
+A result matches when its values do and its layout does: the strides of
+every dimension longer than one are eager's (a later `view` succeeds or
+fails on mgpu as it does in eager).
 
 Ops run in worker processes: a crash or hang is recorded against the op that
 caused it and a new worker takes the next op.
@@ -34,11 +39,24 @@ RANDOM_OPS = {
 }
 
 
+LABELS = {"": "", "noncontiguous": " (non-contiguous inputs)", "transposed": " (column-major inputs)"}
+
+
 def op_key(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def worker(names, noncontiguous=False):
+def column_major(t):
+    """`t`'s values with its last two dimensions swapped in memory: dense,
+    not contiguous (the layout of `x.t()` and of a transposed weight)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.dim() < 2 or t.requires_grad:
+        return t
+    return t.mT.contiguous().mT
+
+
+def worker(names, mode=""):
     import torch
     import torch_mgpu  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
@@ -60,7 +78,7 @@ def worker(names, noncontiguous=False):
             continue
         for sample in samples:
             res["samples"] += 1
-            if noncontiguous:
+            if mode == "noncontiguous":
                 # The same values through strided views (OpInfo's own
                 # transform), for eager and for mgpu alike.
                 try:
@@ -68,6 +86,8 @@ def worker(names, noncontiguous=False):
                 except Exception:  # a sample the transform does not take (sparse inputs)
                     res["cpu_error"] += 1
                     continue
+            if mode == "transposed":
+                sample = sample.transform(column_major)
             torch.manual_seed(0)
             try:
                 expected = op(sample.input, *sample.args, **sample.kwargs)
@@ -77,8 +97,8 @@ def worker(names, noncontiguous=False):
             moved = sample.transform(lambda t: to_mgpu(t) if isinstance(t, torch.Tensor) else t)
             try:
                 torch.manual_seed(0)
-                got = op(moved.input, *moved.args, **moved.kwargs)
-                got = tree_to_cpu(got)
+                on_device = op(moved.input, *moved.args, **moved.kwargs)
+                got = tree_to_cpu(on_device)
             except Exception as e:
                 res["error"] += 1
                 if not res["first"]:
@@ -87,6 +107,7 @@ def worker(names, noncontiguous=False):
             try:
                 random = key in RANDOM_OPS or op.name in RANDOM_OPS or sample.kwargs.get("dropout_p", 0) > 0
                 compare(expected, got, random)
+                compare_layouts(expected, on_device)
                 res["pass"] += 1
             except Exception as e:
                 res["mismatch"] += 1
@@ -139,6 +160,21 @@ def compare(expected, got, shape_only):
         assert expected == got, f"{expected!r} != {got!r}"
 
 
+def compare_layouts(expected, on_device):
+    """The strides of every dimension longer than one, as eager's."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        if expected.layout != torch.strided or on_device.layout != torch.strided or expected.numel() == 0:
+            return
+        for d, n in enumerate(expected.shape):
+            assert n <= 1 or expected.stride(d) == on_device.stride(d), \
+                f"strides differ: eager {expected.stride()}, mgpu {on_device.stride()} (shape {tuple(expected.shape)})"
+    elif isinstance(expected, (list, tuple)) and isinstance(on_device, (list, tuple)):
+        for e, g in zip(expected, on_device):
+            compare_layouts(e, g)
+
+
 def all_keys():
     out = subprocess.check_output(
         [sys.executable, "-c",
@@ -148,7 +184,7 @@ def all_keys():
     return [l for l in out.splitlines() if l]
 
 
-def drive(keys, timeout, noncontiguous=False):
+def drive(keys, timeout, mode=""):
     """Runs `keys` in workers; a worker that dies or stalls is charged to its
     current op and replaced by a new worker for the remaining ops."""
     import queue
@@ -158,7 +194,7 @@ def drive(keys, timeout, noncontiguous=False):
     todo = list(keys)
     while todo:
         proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)]
-                                + (["--noncontiguous"] if noncontiguous else []),
+                                + (["--" + mode] if mode else []),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines = queue.Queue()
 
@@ -199,12 +235,12 @@ def drive(keys, timeout, noncontiguous=False):
     return results
 
 
-def summarize(results, report, noncontiguous=False):
+def summarize(results, report, mode=""):
     ran = [r for r in results.values() if not r.get("skipped") and r["samples"] > r["cpu_error"]]
     passed = [r for r in ran if r["pass"] == r["samples"] - r["cpu_error"] and not r.get("crash")]
     crashes = [r for r in results.values() if r.get("crash")]
     with open(report, "w") as f:
-        f.write(f"# mgpu OpInfo conformance{' (non-contiguous inputs)' if noncontiguous else ''}: "
+        f.write(f"# mgpu OpInfo conformance{LABELS[mode]}: "
                 f"{len(passed)}/{len(ran)} ops pass all float32 samples "
                 f"({100.0 * len(passed) / max(1, len(ran)):.1f}%), {len(crashes)} crashed or hung\n")
         f.write("# op samples pass mismatch error cpu_error crash first_failure\n")
@@ -227,9 +263,11 @@ def main():
     ap.add_argument("--report", default=os.path.join(HERE, "opinfo_report.txt"))
     ap.add_argument("--min-pass-rate", type=float, default=0.0)
     ap.add_argument("--noncontiguous", action="store_true", help="non-contiguous views of every sample")
+    ap.add_argument("--transposed", action="store_true", help="every sample's tensors laid out column-major")
     a = ap.parse_args()
+    mode = "noncontiguous" if a.noncontiguous else "transposed" if a.transposed else ""
     if a.worker:
-        worker(a.worker.split(","), a.noncontiguous)
+        worker(a.worker.split(","), mode)
         return 0
     keys = all_keys()
     if a.ops:
@@ -237,10 +275,10 @@ def main():
         keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
     keys = keys[:: a.every]
     t0 = time.time()
-    results = drive(keys, a.timeout, a.noncontiguous)
-    p, n, c = summarize(results, a.report, a.noncontiguous)
+    results = drive(keys, a.timeout, mode)
+    p, n, c = summarize(results, a.report, mode)
     rate = p / max(1, n)
-    print(f"OpInfo{' (non-contiguous)' if a.noncontiguous else ''}: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
+    print(f"OpInfo{LABELS[mode]}: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
           f"{time.time() - t0:.0f}s; report in {a.report}")
     return 0 if rate >= a.min_pass_rate and c == 0 else 1
 

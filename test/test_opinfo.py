@@ -1,7 +1,11 @@
-"""PyTorch's OpInfo database against mgpu: the pass rate goal and no crash."""
+"""PyTorch's OpInfo database against mgpu: the pass rate goal and no crash.
+A sample passes when its values and its layout are eager's."""
 import os
 import subprocess
 import sys
+
+import pytest
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,3 +29,25 @@ def test_opinfo_conformance_noncontiguous(tmp_path):
     # `bash scripts/dev.sh opinfo --noncontiguous` runs them all).
     run_harness(tmp_path / "opinfo_report_noncontiguous.txt",
                 os.environ.get("TORCH_MGPU_OPINFO_NONCONTIGUOUS_EVERY", "3"), 0.99, "--noncontiguous")
+
+
+def test_opinfo_conformance_column_major(tmp_path):
+    # Dense inputs that are not contiguous: where a result's layout follows
+    # its inputs' (half of the ops here; `--transposed` runs them all).
+    run_harness(tmp_path / "opinfo_report_column_major.txt",
+                os.environ.get("TORCH_MGPU_OPINFO_TRANSPOSED_EVERY", "2"), 0.99, "--transposed")
+
+
+def test_a_result_laid_out_otherwise_is_a_mismatch():
+    sys.path.insert(0, HERE)
+    import opinfo_harness
+
+    x = torch.randn(3, 4)
+    opinfo_harness.compare_layouts(x, x.to("mgpu"))
+    opinfo_harness.compare_layouts((x, x.t()), [x.to("mgpu"), x.t().to("mgpu")])
+    # A dimension of length one has no stride that matters.
+    opinfo_harness.compare_layouts(torch.randn(3, 1), torch.empty_strided((3, 1), (1, 5), device="mgpu"))
+    with pytest.raises(AssertionError, match="strides differ"):
+        opinfo_harness.compare_layouts(x, x.t().contiguous().t().to("mgpu"))
+    assert opinfo_harness.column_major(x).stride() == (1, 3)
+    assert torch.equal(opinfo_harness.column_major(x), x)
