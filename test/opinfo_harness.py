@@ -1,6 +1,6 @@
 """Conformance against PyTorch's own OpInfo database.
 
-Runs every float32 sample input of every op in
+Runs every float32 (or --dtype) sample input of every op in
 `torch.testing._internal.common_methods_invocations.op_db` on mgpu and on
 CPU, and compares. Writes per-op counts (pass, mismatch, error, crash) to a
 report file and prints the pass rate over the ops that run on CPU.
@@ -10,6 +10,7 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py --ops add,mm     # named ops
     python test/opinfo_harness.py --noncontiguous  # each sample's tensors as non-contiguous views
     python test/opinfo_harness.py --transposed     # each sample's tensors laid out column-major
+    python test/opinfo_harness.py --dtype int64    # the samples of another dtype
 
 A result matches when its values do and its layout does: the strides of
 every dimension longer than one are eager's (a later `view` succeeds or
@@ -56,7 +57,7 @@ def column_major(t):
     return t.mT.contiguous().mT
 
 
-def worker(names, mode=""):
+def worker(names, mode="", dtype_name="float32"):
     import torch
     import torch_mgpu  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
@@ -67,11 +68,12 @@ def worker(names, mode=""):
         print(json.dumps({"start": key}), flush=True)
         res = {"op": key, "samples": 0, "pass": 0, "mismatch": 0, "error": 0, "cpu_error": 0, "first": ""}
         try:
-            if torch.float32 not in op.supported_dtypes("cpu"):
-                res["skipped"] = "no float32 on cpu"
+            dtype = getattr(torch, dtype_name)
+            if dtype not in op.supported_dtypes("cpu"):
+                res["skipped"] = f"no {dtype_name} on cpu"
                 print(json.dumps(res), flush=True)
                 continue
-            samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
         except Exception as e:  # the database itself failed for this op
             res["skipped"] = f"sample generation failed: {type(e).__name__}"
             print(json.dumps(res), flush=True)
@@ -149,7 +151,9 @@ def compare(expected, got, shape_only):
         if shape_only:
             assert expected.shape == got.shape and expected.dtype == got.dtype, "shape/dtype differ"
             return
-        torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
+        low = expected.dtype in (torch.float16, torch.bfloat16, torch.complex32)
+        torch.testing.assert_close(got, expected, equal_nan=True, atol=None if low else 1e-4,
+                                   rtol=None if low else 1e-4)
     elif isinstance(expected, (list, tuple)):
         assert len(expected) == len(got), "length differs"
         for e, g in zip(expected, got):
@@ -184,7 +188,7 @@ def all_keys():
     return [l for l in out.splitlines() if l]
 
 
-def drive(keys, timeout, mode=""):
+def drive(keys, timeout, mode="", dtype_name="float32"):
     """Runs `keys` in workers; a worker that dies or stalls is charged to its
     current op and replaced by a new worker for the remaining ops."""
     import queue
@@ -194,7 +198,7 @@ def drive(keys, timeout, mode=""):
     todo = list(keys)
     while todo:
         proc = subprocess.Popen([sys.executable, __file__, "--worker", ",".join(todo)]
-                                + (["--" + mode] if mode else []),
+                                + (["--" + mode] if mode else []) + ["--dtype", dtype_name],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         lines = queue.Queue()
 
@@ -235,13 +239,13 @@ def drive(keys, timeout, mode=""):
     return results
 
 
-def summarize(results, report, mode=""):
+def summarize(results, report, mode="", dtype_name="float32"):
     ran = [r for r in results.values() if not r.get("skipped") and r["samples"] > r["cpu_error"]]
     passed = [r for r in ran if r["pass"] == r["samples"] - r["cpu_error"] and not r.get("crash")]
     crashes = [r for r in results.values() if r.get("crash")]
     with open(report, "w") as f:
         f.write(f"# mgpu OpInfo conformance{LABELS[mode]}: "
-                f"{len(passed)}/{len(ran)} ops pass all float32 samples "
+                f"{len(passed)}/{len(ran)} ops pass all {dtype_name} samples "
                 f"({100.0 * len(passed) / max(1, len(ran)):.1f}%), {len(crashes)} crashed or hung\n")
         f.write("# op samples pass mismatch error cpu_error crash first_failure\n")
         for k in sorted(results):
@@ -264,10 +268,11 @@ def main():
     ap.add_argument("--min-pass-rate", type=float, default=0.0)
     ap.add_argument("--noncontiguous", action="store_true", help="non-contiguous views of every sample")
     ap.add_argument("--transposed", action="store_true", help="every sample's tensors laid out column-major")
+    ap.add_argument("--dtype", default="float32", help="the samples' dtype (a torch attribute: float64, int64, ...)")
     a = ap.parse_args()
     mode = "noncontiguous" if a.noncontiguous else "transposed" if a.transposed else ""
     if a.worker:
-        worker(a.worker.split(","), mode)
+        worker(a.worker.split(","), mode, a.dtype)
         return 0
     keys = all_keys()
     if a.ops:
@@ -275,10 +280,10 @@ def main():
         keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
     keys = keys[:: a.every]
     t0 = time.time()
-    results = drive(keys, a.timeout, mode)
-    p, n, c = summarize(results, a.report, mode)
+    results = drive(keys, a.timeout, mode, a.dtype)
+    p, n, c = summarize(results, a.report, mode, a.dtype)
     rate = p / max(1, n)
-    print(f"OpInfo{LABELS[mode]}: {p}/{n} ops pass all float32 samples ({100 * rate:.1f}%), {c} crashed or hung, "
+    print(f"OpInfo{LABELS[mode]}: {p}/{n} ops pass all {a.dtype} samples ({100 * rate:.1f}%), {c} crashed or hung, "
           f"{time.time() - t0:.0f}s; report in {a.report}")
     return 0 if rate >= a.min_pass_rate and c == 0 else 1
 

@@ -123,6 +123,38 @@ def test_index_fill_takes_host_indices_as_indexing_does():
     assert_same(x.to("mgpu").index_fill(1, idx.to("mgpu"), -1.0), x.index_fill(1, idx, -1.0))
 
 
+@pytest.mark.parametrize("points", [[1, 3], 3, [], [5, 2], [0, 9]])
+def test_tensor_split_takes_its_split_points_from_an_mgpu_tensor(points):
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(67))
+    t = torch.tensor(points, dtype=torch.int64)
+    for dim in (0, 1, -1):
+        want = torch.tensor_split(x, t, dim)
+        for where in ("cpu", "mgpu"):
+            got = torch.tensor_split(x.to("mgpu"), t.to(where), dim)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert_same(g, w)
+
+
+def test_tensor_split_by_an_mgpu_tensor_keeps_eagers_errors_and_gradient():
+    x = torch.randn(6, 4)
+    for bad, msg in ((torch.tensor([1.0, 2.0]), "dtype of long"), (torch.tensor([[1, 2]]), "zero-dimensional or one-dimensional")):
+        with pytest.raises(RuntimeError, match=msg):
+            torch.tensor_split(x, bad)
+        with pytest.raises(RuntimeError, match=msg):
+            torch.tensor_split(x.to("mgpu"), bad.to("mgpu"))
+    # A CPU tensor split by an mgpu one: eager's device error, as on CUDA.
+    with pytest.raises(RuntimeError, match="to be on cpu"):
+        torch.tensor_split(x, torch.tensor([1, 2], device="mgpu"))
+    xc, xm = x.clone().requires_grad_(), x.to("mgpu").requires_grad_()
+    for leaf, points in ((xc, torch.tensor([2, 3])), (xm, torch.tensor([2, 3], device="mgpu"))):
+        a, b, c = torch.tensor_split(leaf, points, 1)
+        (a.sum() * 2 + b.exp().sum() - c.sum()).backward()
+    assert_same(xm.grad, xc.grad, exact=False)
+    with torch.inference_mode():
+        assert len(torch.tensor_split(x.to("mgpu"), torch.tensor(3, device="mgpu"))) == 3
+
+
 def test_uint8_mask_deprecation_warned_at_the_call():
     for device in ("cpu", "mgpu"):
         x = torch.randn(4, device=device)
@@ -422,3 +454,20 @@ def test_number_first_results_have_eagers_strides(case):
                 got.view(-1)
         else:
             assert_same(got.view(-1), want.view(-1))
+
+
+def test_linear_cross_entropy_chunks_as_on_the_lanes_device():
+    # Its chunked path picks an accumulation dtype and policy by device
+    # type; mgpu's are the CPU lanes' (float32 products of bfloat16 inputs).
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    g = torch.Generator().manual_seed(71)
+    x, w = torch.randn(16, 5, generator=g).bfloat16(), torch.randn(7, 5, generator=g).bfloat16()
+    t = torch.randint(0, 7, (16,), generator=g)
+    for reduction in ("none", "sum"):
+        opts = LinearCrossEntropyOptions(batch_chunk_size=4)
+        want = torch.nn.functional.linear_cross_entropy(x, w, t, reduction=reduction, options=opts)
+        got = torch.nn.functional.linear_cross_entropy(x.to("mgpu"), w.to("mgpu"), t.to("mgpu"),
+                                                       reduction=reduction, options=opts)
+        assert_same(got, want)
+    resolved = LinearCrossEntropyOptions()._adjust(16, 5, 7, torch.bfloat16, torch.device("mgpu"))
+    assert resolved == LinearCrossEntropyOptions()._adjust(16, 5, 7, torch.bfloat16, device=torch.device("cpu"))

@@ -46,3 +46,43 @@ def install() -> None:
     prop = getattr(type(det), "fill_uninitialized_memory", None) if det is not None else None
     if isinstance(prop, property) and prop.fset is not None:
         type(det).fill_uninitialized_memory = property(prop.fget, _after_flight(prop.fset), prop.fdel, prop.__doc__)
+
+
+
+_LANES_DEVICE = ["cpu"]
+
+
+def follow_lanes_device(lane_names) -> None:
+    """Choices PyTorch makes by device type are made for mgpu as for the
+    device its lanes are on. `F.linear_cross_entropy`'s chunked path picks
+    its accumulation dtype and policy per device type (on CPU it multiplies
+    bfloat16 into float32; for a device it does not know it multiplies in
+    bfloat16, which on CPU is emulated, slower and further from eager's
+    values): its options resolve for mgpu as for the lanes' device."""
+    cuda = [str(n).split("/")[0] for n in lane_names if str(n).startswith("cuda")]
+    _LANES_DEVICE[0] = cuda[0] if cuda else "cpu"
+    try:
+        options = importlib.import_module("torch.nn.modules.linear_cross_entropy_options")
+    except ImportError:
+        return
+    cls = getattr(options, "LinearCrossEntropyOptions", None)
+    adjust = getattr(cls, "_adjust", None)
+    if adjust is None or getattr(adjust, "_mgpu_follows_lanes", False):
+        return
+
+    @functools.wraps(adjust)
+    def _adjust(self, *args, **kwargs):
+        if len(args) > 4:
+            args = args[:4] + (_lanes_device_for(args[4]),) + args[5:]
+        elif "device" in kwargs:
+            kwargs["device"] = _lanes_device_for(kwargs["device"])
+        return adjust(self, *args, **kwargs)
+
+    _adjust._mgpu_follows_lanes = True
+    cls._adjust = _adjust
+
+
+def _lanes_device_for(device):
+    if isinstance(device, torch.device) and device.type == "mgpu":
+        return torch.device(_LANES_DEVICE[0])
+    return device
