@@ -328,6 +328,9 @@ def test_no_memory_growth_with_flights(async_ops):
 
     for _ in range(20):
         cycle()
+    # With tier 1 on (TORCH_MGPU_COMPILE), its one compile of the hot graph
+    # (inductor's own memory) happens before the steady state measured here.
+    torch_mgpu.wait_for_compiles()
     gc.collect()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     flushes = torch_mgpu.stats()["background_flushes"]
