@@ -18,12 +18,26 @@ constexpr size_t kMaxEntries = 1 << 16;
 } // namespace
 
 void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
-  add(static_cast<int64_t>(g.dtype));
-  add(static_cast<int64_t>(g.sizes.size()));
-  for (auto s : g.sizes) add(s);
-  for (auto s : g.strides) add(s);
-  add(g.offset);
-  add(static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg));
+  // One append for the usual ranks: the key is built on every recorded call.
+  const size_t n = g.sizes.size();
+  int64_t w[4 + 2 * 8];
+  if (n > 8) {
+    add(static_cast<int64_t>(g.dtype));
+    add(static_cast<int64_t>(n));
+    for (auto s : g.sizes) add(s);
+    for (auto s : g.strides) add(s);
+    add(g.offset);
+    add(static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg));
+    return;
+  }
+  size_t k = 0;
+  w[k++] = static_cast<int64_t>(g.dtype);
+  w[k++] = static_cast<int64_t>(n);
+  for (auto s : g.sizes) w[k++] = s;
+  for (auto s : g.strides) w[k++] = s;
+  w[k++] = g.offset;
+  w[k++] = static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg);
+  bytes.append(reinterpret_cast<const char*>(w), k * sizeof(int64_t));
 }
 
 void SignatureKey::add_ivalue(const c10::IValue& v) {

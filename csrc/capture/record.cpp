@@ -13,6 +13,7 @@
 #include "runtime/counters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/SmallVector.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
@@ -83,8 +84,10 @@ bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info(
 
 // One call being recorded: its distinct mgpu storages and their Meta twins.
 struct Call {
-  std::vector<c10::Storage> storages;   // mgpu storages read or written
-  std::vector<c10::Storage> meta;       // their Meta twins, same size
+  // A call touches a handful of storages and tensors: these hold them
+  // without allocating.
+  c10::SmallVector<c10::Storage, 4> storages;  // mgpu storages read or written
+  c10::SmallVector<c10::Storage, 4> meta;      // their Meta twins, same size
   // Position of a storage in `storages` (-1 if absent). A call touches a
   // handful of storages: a linear scan beats a hash map and allocates nothing.
   int index_of(const c10::StorageImpl* impl) const {
@@ -97,19 +100,19 @@ struct Call {
     TORCH_INTERNAL_ASSERT(i >= 0, "mgpu: a storage of the call was not recorded");
     return i;
   }
-  std::vector<at::Tensor> mutated_slots;      // mgpu tensors written by the op
-  std::vector<std::pair<int, int>> mutated_at;  // their (argument, list element or -1)
-  std::vector<at::Tensor> mutated_meta;       // their Meta twins
+  c10::SmallVector<at::Tensor, 2> mutated_slots;      // mgpu tensors written by the op
+  c10::SmallVector<std::pair<int, int>, 2> mutated_at;  // their (argument, list element or -1)
+  c10::SmallVector<at::Tensor, 2> mutated_meta;       // their Meta twins
   int arg = 0, element = -1;  // where to_meta's tensor sits in the call
-  std::vector<const c10::TensorImpl*> seen;  // mgpu tensors met so far, how often, and their twins
-  std::vector<int> seen_count;
-  std::vector<at::Tensor> seen_twins;
-  // The number of a tensor passed more than once (its place in `seen`), or
-  // -1 (ir::TensorRef::same).
-  int repeated(const at::Tensor& t) const {
+  c10::SmallVector<const c10::TensorImpl*, 4> seen;  // mgpu tensors met so far, how often, and their twins
+  c10::SmallVector<int, 4> seen_count;
+  c10::SmallVector<at::Tensor, 4> seen_twins;
+  c10::SmallVector<TensorGeometry, 2> seen_geometry;  // their geometries, as the key has them
+  // The place of an mgpu tensor met by to_meta in `seen`.
+  size_t seen_at(const at::Tensor& t) const {
     for (size_t k = 0; k < seen.size(); ++k)
-      if (seen[k] == t.unsafeGetTensorImpl()) return seen_count[k] > 1 ? static_cast<int>(k) : -1;
-    return -1;
+      if (seen[k] == t.unsafeGetTensorImpl()) return k;
+    TORCH_INTERNAL_ASSERT(false, "mgpu: a tensor of the call was not recorded");
   }
   SignatureKey key;
   c10::DeviceIndex device = 0;
@@ -153,10 +156,6 @@ struct Call {
     }
     device = t.device().index();
     int i = storage_index(t);
-    auto g = geometry_of(t);
-    key.add(i);
-    key.add(static_cast<int64_t>(storages[i].nbytes()));
-    key.add_geometry(g);
     // The same tensor passed twice (`c[idx] = c`) is one twin: kernels tell
     // it from an equal view (eager refuses an index_put_ from itself).
     int same = -1;
@@ -165,9 +164,14 @@ struct Call {
     if (same < 0) {
       seen.push_back(t.unsafeGetTensorImpl());
       seen_count.push_back(1);
+      seen_geometry.push_back(geometry_of(t));
     } else {
       ++seen_count[same];
     }
+    const auto& g = seen_geometry[same < 0 ? seen.size() - 1 : static_cast<size_t>(same)];
+    key.add(i);
+    key.add(static_cast<int64_t>(storages[i].nbytes()));
+    key.add_geometry(g);
     key.add(same);
     if (mutated) {
       mutated_slots.push_back(t);
@@ -429,7 +433,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
         for (const auto& m : twins.meta)
           if (t.storage().unsafeGetStorageImpl() == m.unsafeGetStorageImpl()) filled.push_back(t);
       });
-    written_twins = twins.mutated_meta;
+    written_twins.assign(twins.mutated_meta.begin(), twins.mutated_meta.end());
     if (kept_layout) *kept_layout = true;
   } else {
     s = zero_arguments(args, /*cut=*/false, &filled);
@@ -654,6 +658,12 @@ void keep_out_layouts(const c10::FunctionSchema& schema, const Call& call, MetaR
   }
 }
 
+bool makes_sparse(const std::string& name) {
+  for (const char* prefix : {"aten::to_sparse", "aten::_to_sparse", "aten::sparse_", "aten::_sparse_"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 bool is_empty_factory(const c10::OperatorHandle& op) {
   const auto& n = op.schema().operator_name();
   return n.name == "aten::empty_strided" || (n.name == "aten::empty" && n.overload_name == "memory_format");
@@ -665,20 +675,30 @@ struct NodeBuilder {
   Call& call;
   ir::Node& node;
   std::unordered_map<c10::TensorImpl*, ir::TensorRef> cpu_refs;
-  std::optional<ir::TensorRef> ref(const at::Tensor& t) {
-    if (!t.defined()) return std::nullopt;
+  // Appends the reference to `t` to `refs`, built in place.
+  void add(c10::SmallVectorImpl<std::optional<ir::TensorRef>>& refs, const at::Tensor& t) {
+    if (!t.defined()) {
+      refs.emplace_back();
+      return;
+    }
     if (is_mgpu(t)) {
-      ir::TensorRef r{call.index_at(t), geometry_of(t)};
-      r.same = call.repeated(t);
-      return r;
+      const size_t k = call.seen_at(t);
+      auto& r = refs.emplace_back(std::in_place);
+      r->operand = call.index_at(t);
+      r->geom = call.seen_geometry[k];
+      r->same = call.seen_count[k] > 1 ? static_cast<int>(k) : -1;
+      return;
     }
     auto it = cpu_refs.find(t.unsafeGetTensorImpl());
-    if (it != cpu_refs.end()) return it->second;
+    if (it != cpu_refs.end()) {
+      refs.emplace_back(it->second);
+      return;
+    }
     at::Tensor snap = t.clone(at::MemoryFormat::Contiguous);
     ir::TensorRef r{static_cast<int>(node.operands.size()), geometry_of(snap)};
     node.operands.push_back(ir::Value{ir::make_data(snap.storage()), 0});
     cpu_refs.emplace(t.unsafeGetTensorImpl(), r);
-    return r;
+    refs.emplace_back(std::move(r));
   }
 };
 
@@ -694,6 +714,11 @@ struct OpInfo {
   bool makes_quantized = false;  // quantize_per_tensor and friends
   bool batch_norm = false;     // native batch norm: eval mode saves nothing
   bool contiguous_result = false;  // eager allocates its result contiguous, whatever Meta says
+  bool nansum = false;         // canonical_dims: `dim=[]` means every dim
+  bool makes_sparse = false;   // its name says it makes a sparse tensor
+  // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
+  // (refuse_unsupported reads those for quantized and sparse requests).
+  std::vector<uint8_t> dtype_or_layout;
 };
 const OpInfo& op_info(const c10::OperatorHandle& op) {
   static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
@@ -718,6 +743,15 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   // pow(Scalar, Tensor) allocates its result before it redispatches to
   // TensorIterator: contiguous in eager, the exponent's layout on Meta.
   info.contiguous_result = n == "aten::pow.Scalar";
+  info.nansum = schema.name() == "aten::nansum";
+  info.makes_sparse = makes_sparse(schema.name());
+  for (const auto& a : schema.arguments()) {
+    auto type = a.type();
+    if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
+    info.dtype_or_layout.push_back(type->kind() == c10::TypeKind::ScalarTypeType ? 1
+                                   : type->kind() == c10::TypeKind::LayoutType  ? 2
+                                                                                : 0);
+  }
   info.batch_norm = schema.name() == "aten::native_batch_norm" || schema.name() == "aten::_native_batch_norm_legit" ||
       schema.name() == "aten::_native_batch_norm_legit_no_training";
   return infos->emplace(&schema, info).first->second;
@@ -810,7 +844,7 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
   bool random = info.random;
   for (size_t i = 0; i < nargs; ++i) {
     const auto& v = args[i];
-    Arg a;
+    Arg& a = node->args.emplace_back();  // filled in place: an Arg is costly to move
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().dim() == 0 && v.toTensor().device().is_cpu()) {
       // A host scalar: a constant of the call. Python numbers arrive as
       // fresh wrapped tensors nobody else holds; others are snapshotted.
@@ -818,15 +852,16 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
       a.constant = t.unsafeGetTensorImpl()->is_wrapped_number() ? t : t.clone();
     } else if (v.isTensor() && v.toTensor().defined()) {
       a.kind = Arg::Kind::Tensor;
-      a.tensors.push_back(nb.ref(v.toTensor()));
+      nb.add(a.tensors, v.toTensor());
     } else if (v.isTensorList()) {
       a.kind = Arg::Kind::TensorList;
-      for (const auto& t : v.toTensorList()) a.tensors.push_back(nb.ref(t));
+      for (const auto& t : v.toTensorList()) nb.add(a.tensors, t);
     } else if (v.isOptionalTensorList()) {
       a.kind = Arg::Kind::OptionalTensorList;
       for (const auto& e : v.toOptionalTensorList()) {
         std::optional<at::Tensor> ot = e;
-        a.tensors.push_back(ot && ot->defined() ? nb.ref(*ot) : std::nullopt);
+        if (ot && ot->defined()) nb.add(a.tensors, *ot);
+        else a.tensors.emplace_back();
       }
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       a.constant = c10::Device(c10::kCPU);
@@ -838,7 +873,6 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
     } else {
       a.constant = v;
     }
-    node->args.push_back(std::move(a));
   }
   if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
 
@@ -1019,22 +1053,15 @@ namespace {
 // Quantized and sparse tensors have no mgpu form (the lazy storage holds
 // plain strided bytes): refused at the call, by name, as a backend without
 // such kernels refuses them.
-bool makes_sparse(const std::string& name) {
-  for (const char* prefix : {"aten::to_sparse", "aten::_to_sparse", "aten::sparse_", "aten::_sparse_"})
-    if (name.rfind(prefix, 0) == 0) return true;
-  return false;
-}
-
-void refuse_unsupported(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& schema = op.schema();
-  bool quantized = op_info(op).makes_quantized;
-  bool sparse = makes_sparse(schema.name());
+  bool quantized = info.makes_quantized;
+  bool sparse = info.makes_sparse;
   for (size_t i = 0; i < args.size(); ++i) {
-    auto type = schema.arguments()[i].type();
-    if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
-    if (type->kind() == c10::TypeKind::ScalarTypeType && args[i].isInt())
+    const uint8_t kind = i < info.dtype_or_layout.size() ? info.dtype_or_layout[i] : 0;
+    if (kind == 1 && args[i].isInt())
       quantized = quantized || c10::isQIntType(static_cast<c10::ScalarType>(args[i].toInt()));
-    if (type->kind() == c10::TypeKind::LayoutType && args[i].isInt())
+    if (kind == 2 && args[i].isInt())
       sparse = sparse || static_cast<c10::Layout>(args[i].toInt()) != c10::kStrided;
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       quantized = quantized || t.is_quantized();
@@ -1053,9 +1080,9 @@ void refuse_unsupported(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // Meta kernel reduces none. The call is recorded as the `dim=None` it means.
 // (Other Meta/CPU shape disagreements are caught by the probe of small
 // calls, and at run time for large ones, as an error naming the op.)
-void canonical_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void canonical_dims(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!info.nansum) return;
   const auto& schema = op.schema();
-  if (schema.name() != "aten::nansum") return;
   const size_t n = schema.arguments().size();
   for (size_t i = 0; i < n; ++i) {
     auto& v = (*stack)[stack->size() - n + i];
@@ -1064,9 +1091,10 @@ void canonical_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpInfo& info = op_info(op);
   type_tensor_lists(op.schema(), stack);
-  canonical_dims(op, stack);
-  refuse_unsupported(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  canonical_dims(info, op, stack);
+  refuse_unsupported(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
 }
 
 bool runs_eagerly(const c10::OperatorHandle& op) { return op_info(op).eager; }

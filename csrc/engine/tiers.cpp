@@ -165,11 +165,11 @@ uint64_t fixed_hash(const Nodes& nodes, ArgsOf args_of, const std::vector<std::p
 }
 
 uint64_t fixed_hash(const ir::Graph& g, const std::vector<std::pair<int, int>>& lifted) {
-  return fixed_hash(g.nodes, [](const ir::NodePtr& n) -> const std::vector<ir::Arg>& { return n->args; }, lifted);
+  return fixed_hash(g.nodes, [](const ir::NodePtr& n) -> c10::ArrayRef<ir::Arg> { return n->args; }, lifted);
 }
 
 uint64_t fixed_hash(const CompileRequest& r, const std::vector<std::pair<int, int>>& lifted) {
-  return fixed_hash(r.nodes, [](const CompileRequest::Node& n) -> const std::vector<ir::Arg>& { return n.args; },
+  return fixed_hash(r.nodes, [](const CompileRequest::Node& n) -> c10::ArrayRef<ir::Arg> { return n.args; },
                     lifted);
 }
 
@@ -312,7 +312,7 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key) {
   for (size_t i = 0; i < g.size(); ++i) first[i + 1] = first[i] + static_cast<int>(g.nodes[i]->outputs.size());
   for (size_t i = 0; i < g.size(); ++i) {
     const auto& n = *g.nodes[i];
-    CompileRequest::Node rn{*n.op, n.args, {}, n.outputs, {}, n.written};
+    CompileRequest::Node rn{*n.op, {n.args.begin(), n.args.end()}, {}, {n.outputs.begin(), n.outputs.end()}, {}, n.written};
     for (const auto& v : n.operands) {
       const int j = g.find(v.node.get());
       rn.operands.push_back(j >= 0 ? first[j] + v.index : leaf_number(lay, v));

@@ -148,7 +148,7 @@ Node::~Node() {
   // `next` carries a chain with no allocation, `stack` the branches.
   NodePtr next;
   std::vector<NodePtr> stack;
-  auto take = [&](std::vector<Value>& ops) {
+  auto take = [&](c10::SmallVectorImpl<Value>& ops) {
     for (auto& v : ops) {
       if (!v.node || v.node.use_count() != 1) continue;
       if (!next) next = std::move(v.node);

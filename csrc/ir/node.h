@@ -121,13 +121,15 @@ struct Node {
   NodeKind kind = NodeKind::Op;
   std::string_view name;  // "aten::add.Tensor", "data", "error": interned (see intern)
   std::optional<c10::OperatorHandle> op;
-  std::vector<Arg> args;
+  // Most ops have a few arguments, operands and outputs: held inline, so
+  // that recording an op allocates its node and little else.
+  c10::SmallVector<Arg, 2> args;
   // A node holds real references to its operands (the versions it reads).
   // Nothing points back from an operand to its users, so there is no cycle:
   // dropping the last tensor that needs a node frees it (dead-code
   // elimination by reference count).
-  std::vector<Value> operands;
-  std::vector<Output> outputs;
+  c10::SmallVector<Value, 2> operands;
+  c10::SmallVector<Output, 1> outputs;
   c10::Storage data;   // Data nodes only
   // Data nodes: copies of `data` on other devices; Empty nodes: their bytes
   // once read. Data nodes: copies of `data` on other devices, made where lanes on

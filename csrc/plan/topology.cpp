@@ -62,8 +62,8 @@ double numel(const ir::TensorGeometry& g) {
 // (a recorded node, or an op of another compiler's graph).
 struct OpDesc {
   std::string_view name;
-  const std::vector<ir::Arg>& args;
-  const std::vector<ir::Output>& outputs;
+  c10::ArrayRef<ir::Arg> args;
+  c10::ArrayRef<ir::Output> outputs;
 };
 
 const ir::TensorGeometry* tensor_arg(const OpDesc& n, size_t i) {
@@ -209,8 +209,8 @@ Work estimate_work(const ir::Node& n) {
   return op_work(OpDesc{n.name, n.args, n.outputs});
 }
 
-Work estimate_op_work(const c10::FunctionSchema& schema, const std::vector<ir::Arg>& args,
-                      const std::vector<ir::Output>& outputs) {
+Work estimate_op_work(const c10::FunctionSchema& schema, c10::ArrayRef<ir::Arg> args,
+                      c10::ArrayRef<ir::Output> outputs) {
   // A view (its first result aliases an argument that it does not write)
   // moves no data: no work.
   const auto& returns = schema.returns();

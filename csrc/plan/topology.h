@@ -102,8 +102,8 @@ Work estimate_work(const ir::Node& n);
 // graphs, before they are cut into partitions), by the same rules: its
 // schema, its arguments (tensor geometries and constants) and its results.
 // A view (a result that aliases an argument it does not write) is no work.
-Work estimate_op_work(const c10::FunctionSchema& schema, const std::vector<ir::Arg>& args,
-                      const std::vector<ir::Output>& outputs);
+Work estimate_op_work(const c10::FunctionSchema& schema, c10::ArrayRef<ir::Arg> args,
+                      c10::ArrayRef<ir::Output> outputs);
 // The work of a compiled partition (or a piece of one) with these figures:
 // GEMM flops, elementwise and transcendental outputs, bytes moved.
 Work partition_work(double gemm_flops, double elem, double transcendental, double bytes);
