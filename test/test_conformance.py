@@ -471,3 +471,37 @@ def test_linear_cross_entropy_chunks_as_on_the_lanes_device():
         assert_same(got, want)
     resolved = LinearCrossEntropyOptions()._adjust(16, 5, 7, torch.bfloat16, torch.device("mgpu"))
     assert resolved == LinearCrossEntropyOptions()._adjust(16, 5, 7, torch.bfloat16, device=torch.device("cpu"))
+
+
+# Found by PyTorch's test_tensor_creation_ops on mgpu: an out= tensor of the
+# right number of elements keeps its shape (and layout) under arange, range,
+# linspace and logspace, in calls too large for the check at first sight
+# (the Meta kernels make it one-dimensional; mgpu raised at the sync).
+@pytest.mark.parametrize("fill", [
+    lambda o: torch.arange(0, 30000, out=o),
+    lambda o: torch.arange(30000, out=o),
+    lambda o: torch.linspace(-1, 1, 30000, out=o),
+    lambda o: torch.logspace(0, 1, 30000, out=o),
+])
+def test_a_range_into_an_out_tensor_of_its_size_keeps_its_shape(fill):
+    for shape, dims in (((100, 100, 3), None), ((3, 100, 100), (2, 1, 0))):
+        want = torch.empty(shape)
+        got = torch.empty(shape, device="mgpu")
+        if dims:
+            want, got = want.permute(dims), got.permute(dims)
+        fill(want)
+        fill(got)
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert_same(got, want)
+
+
+def test_randperm_refuses_an_n_its_out_dtype_cannot_hold_at_the_call():
+    # The out= tensor is too large for the check at first sight, which cut
+    # it; the call reads no mgpu tensor, so the cut call's error is eager's.
+    res = torch.empty(2 ** 24 + 1, device="mgpu")
+    with pytest.raises(RuntimeError, match=r"n cannot be greater than 2\^24\+1 for Float type"):
+        torch.randperm(2 ** 24 + 2, out=res)
+    half = torch.empty(2 ** 24 + 1, dtype=torch.half, device="mgpu")
+    with pytest.raises(RuntimeError, match="n cannot be greater than 2049 for Half type"):
+        torch.randperm(2050, out=half)
+    torch_mgpu.synchronize()

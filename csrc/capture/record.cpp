@@ -542,6 +542,17 @@ bool refuses_singular(const std::string& name) {
       name.rfind("aten::inverse", 0) == 0 || name.rfind("aten::lu", 0) == 0 || name.rfind("aten::_lu", 0) == 0;
 }
 
+// Whether the call's mgpu tensors are all out= arguments (it reads none).
+bool only_out_tensors(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
+    if (schema.arguments()[i].is_out()) continue;
+    bool reads_mgpu = false;
+    for_each_tensor(args[i], [&](const at::Tensor& t) { reads_mgpu = reads_mgpu || is_mgpu(t); });
+    if (reads_mgpu) return false;
+  }
+  return true;
+}
+
 void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta, bool quiet) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
@@ -565,7 +576,10 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
       return;
     } catch (const std::exception&) {
-      // The cut shapes, or the call: the full run tells.
+      // The cut shapes, or the call: the full run tells. A call whose only
+      // mgpu tensors are out= tensors (`randperm(n, out=t)`, `arange(...,
+      // out=t)`) had nothing cut that it reads: its error is the call's.
+      if (only_out_tensors(schema, args)) throw;
     }
     if (numel > kMaxFullProbeNumel) return;
     quiet = true;  // the cut run's warnings were dropped; so are these
@@ -648,13 +662,26 @@ void make_contiguous(MetaResult& r) {
 // contiguous): the tensor keeps its own layout, as in eager. In-place ops
 // (`transpose_`, `as_strided_`) are not out= arguments: Meta's geometry
 // stands.
+//
+// arange, range, linspace and logspace resize their out= tensor only when
+// its number of elements is not the one they make; otherwise it keeps its
+// shape (a (100, 100, 3) tensor takes arange(30000)). Their Meta kernels
+// make it one-dimensional.
+bool resizes_out_on_numel(const c10::FunctionSchema& schema) {
+  const auto& n = schema.name();
+  return n == "aten::arange" || n == "aten::range" || n == "aten::linspace" || n == "aten::logspace";
+}
+
 void keep_out_layouts(const c10::FunctionSchema& schema, const Call& call, MetaResult& r) {
+  const bool by_numel = resizes_out_on_numel(schema);
   for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k) {
     const auto& a = schema.arguments()[call.mutated_at[k].first];
     if (!a.is_out()) continue;
     const auto before = geometry_of(call.mutated_slots[k]);
     auto& after = r.mutated_geom[k];
-    if (after.sizes == before.sizes && after.dtype == before.dtype && after != before) after = before;
+    if (after.dtype != before.dtype || after == before) continue;
+    if (after.sizes == before.sizes || (by_numel && c10::multiply_integers(after.sizes) == c10::multiply_integers(before.sizes)))
+      after = before;
   }
 }
 
