@@ -505,3 +505,20 @@ def test_randperm_refuses_an_n_its_out_dtype_cannot_hold_at_the_call():
     with pytest.raises(RuntimeError, match="n cannot be greater than 2049 for Half type"):
         torch.randperm(2050, out=half)
     torch_mgpu.synchronize()
+
+
+def test_a_host_tensor_indexed_by_mgpu_indices_is_refused_as_on_cuda():
+    # Found by PyTorch's test_torch (advancedindex_mixed_devices_error): it
+    # returned an mgpu tensor, and `x[i] = v` wrote the host tensor.
+    x = torch.zeros(3, 4)
+    i = torch.tensor([0, 2], device="mgpu")
+    msg = r"indices should be either on cpu or on the same device as the indexed tensor \(cpu\)"
+    for f in (lambda: x[i], lambda: x[:, i], lambda: x.__setitem__(i, 1.0),
+              lambda: x.index_put_((i,), torch.tensor(2.0))):
+        with pytest.raises(RuntimeError, match=msg):
+            f()
+    assert torch.equal(x, torch.zeros(3, 4))
+    # An mgpu tensor takes host indices and its own.
+    xm = torch.arange(12.0).reshape(3, 4)
+    assert_same(xm.to("mgpu")[torch.tensor([0, 2])], xm[torch.tensor([0, 2])])
+    assert_same(xm.to("mgpu")[i], xm[torch.tensor([0, 2])])

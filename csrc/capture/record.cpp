@@ -1057,8 +1057,18 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
 }
 
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  // As on CUDA, indexing takes its indices from the host.
-  if (op_info(op).host_indices) return;
+  // As on CUDA, indexing takes its indices from the host; a host tensor
+  // indexed by mgpu indices is refused with CUDA's error.
+  if (op_info(op).host_indices) {
+    if (!args.empty() && args[0].isTensor() && args[0].toTensor().defined() && !is_mgpu(args[0].toTensor())) {
+      bool mgpu_index = false;
+      for (size_t i = 1; i < args.size(); ++i)
+        for_each_tensor(args[i], [&](const at::Tensor& t) { mgpu_index = mgpu_index || is_mgpu(t); });
+      TORCH_CHECK(!mgpu_index, "indices should be either on cpu or on the same device as the indexed tensor (",
+                  args[0].toTensor().device(), ")");
+    }
+    return;
+  }
   bool any_mgpu = false;
   std::optional<c10::Device> other;
   const auto& schema = op.schema();
