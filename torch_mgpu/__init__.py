@@ -24,7 +24,7 @@ def _install_caller() -> None:
 
 _install_caller()
 _settings.install()
-_settings.follow_lanes_device(_C.lanes())
+_settings.follow_lanes_device()
 
 if not hasattr(torch, "mgpu"):
     torch.utils.rename_privateuse1_backend("mgpu")
@@ -112,7 +112,6 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
         _tiers.set_compile(compile)
     if compile is None or devices is not None or lanes_per_device is not None or policy is not None:
         _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
-        _settings.follow_lanes_device(_C.lanes())
 
 
 def wait_for_compiles(timeout: float = 600.0) -> bool:

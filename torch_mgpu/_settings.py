@@ -49,18 +49,13 @@ def install() -> None:
 
 
 
-_LANES_DEVICE = ["cpu"]
-
-
-def follow_lanes_device(lane_names) -> None:
+def follow_lanes_device() -> None:
     """Choices PyTorch makes by device type are made for mgpu as for the
     device its lanes are on. `F.linear_cross_entropy`'s chunked path picks
     its accumulation dtype and policy per device type (on CPU it multiplies
     bfloat16 into float32; for a device it does not know it multiplies in
     bfloat16, which on CPU is emulated, slower and further from eager's
     values): its options resolve for mgpu as for the lanes' device."""
-    cuda = [str(n).split("/")[0] for n in lane_names if str(n).startswith("cuda")]
-    _LANES_DEVICE[0] = cuda[0] if cuda else "cpu"
     try:
         options = importlib.import_module("torch.nn.modules.linear_cross_entropy_options")
     except ImportError:
@@ -83,6 +78,9 @@ def follow_lanes_device(lane_names) -> None:
 
 
 def _lanes_device_for(device):
-    if isinstance(device, torch.device) and device.type == "mgpu":
-        return torch.device(_LANES_DEVICE[0])
-    return device
+    """`device`, or for an mgpu device the device its lanes are on (the first
+    CUDA device of the lanes, else the CPU)."""
+    if not (isinstance(device, torch.device) and device.type == "mgpu"):
+        return device
+    cuda = [str(n).split("/")[0] for n in _C.lanes() if str(n).startswith("cuda")]
+    return torch.device(cuda[0] if cuda else "cpu")

@@ -18,26 +18,13 @@ constexpr size_t kMaxEntries = 1 << 16;
 } // namespace
 
 void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
-  // One append for the usual ranks: the key is built on every recorded call.
-  const size_t n = g.sizes.size();
-  int64_t w[4 + 2 * 8];
-  if (n > 8) {
-    add(static_cast<int64_t>(g.dtype));
-    add(static_cast<int64_t>(n));
-    for (auto s : g.sizes) add(s);
-    for (auto s : g.strides) add(s);
-    add(g.offset);
-    add(static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg));
-    return;
-  }
-  size_t k = 0;
-  w[k++] = static_cast<int64_t>(g.dtype);
-  w[k++] = static_cast<int64_t>(n);
-  for (auto s : g.sizes) w[k++] = s;
-  for (auto s : g.strides) w[k++] = s;
-  w[k++] = g.offset;
-  w[k++] = static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg);
-  bytes.append(reinterpret_cast<const char*>(w), k * sizeof(int64_t));
+  // Sizes and strides go in whole: the key is built on every recorded call.
+  const int64_t head[2] = {static_cast<int64_t>(g.dtype), static_cast<int64_t>(g.sizes.size())};
+  const int64_t tail[2] = {g.offset, static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg)};
+  bytes.append(reinterpret_cast<const char*>(head), sizeof head);
+  bytes.append(reinterpret_cast<const char*>(g.sizes.data()), g.sizes.size() * sizeof(int64_t));
+  bytes.append(reinterpret_cast<const char*>(g.strides.data()), g.strides.size() * sizeof(int64_t));
+  bytes.append(reinterpret_cast<const char*>(tail), sizeof tail);
 }
 
 void SignatureKey::add_ivalue(const c10::IValue& v) {

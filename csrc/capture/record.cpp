@@ -82,6 +82,13 @@ struct HeldWarnings : c10::WarningHandler {
 
 bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
+// Whether an argument is, or holds, an mgpu tensor.
+bool holds_mgpu(const c10::IValue& v) {
+  bool found = false;
+  for_each_tensor(v, [&](const at::Tensor& t) { found = found || is_mgpu(t); });
+  return found;
+}
+
 // One call being recorded: its distinct mgpu storages and their Meta twins.
 struct Call {
   // A call touches a handful of storages and tensors: these hold them
@@ -544,12 +551,8 @@ bool refuses_singular(const std::string& name) {
 
 // Whether the call's mgpu tensors are all out= arguments (it reads none).
 bool only_out_tensors(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].is_out()) continue;
-    bool reads_mgpu = false;
-    for_each_tensor(args[i], [&](const at::Tensor& t) { reads_mgpu = reads_mgpu || is_mgpu(t); });
-    if (reads_mgpu) return false;
-  }
+  for (size_t i = 0; i < args.size() && i < schema.arguments().size(); ++i)
+    if (!schema.arguments()[i].is_out() && holds_mgpu(args[i])) return false;
   return true;
 }
 
@@ -1062,8 +1065,7 @@ void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   if (op_info(op).host_indices) {
     if (!args.empty() && args[0].isTensor() && args[0].toTensor().defined() && !is_mgpu(args[0].toTensor())) {
       bool mgpu_index = false;
-      for (size_t i = 1; i < args.size(); ++i)
-        for_each_tensor(args[i], [&](const at::Tensor& t) { mgpu_index = mgpu_index || is_mgpu(t); });
+      for (size_t i = 1; i < args.size(); ++i) mgpu_index = mgpu_index || holds_mgpu(args[i]);
       TORCH_CHECK(!mgpu_index, "indices should be either on cpu or on the same device as the indexed tensor (",
                   args[0].toTensor().device(), ")");
     }
