@@ -7,6 +7,7 @@
 #include "ir/node.h"
 #include "runtime/host_cache.h"
 #include "runtime/counters.h"
+#include "runtime/remote.h"
 
 namespace torch_mgpu {
 
@@ -116,6 +117,17 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
 }
 
 std::vector<std::string> lanes() { return engine::lane_names(); }
+
+void set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { runtime::set_process_group(pg); }
+
+bool serve_as_worker(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  std::string why;
+  const bool released = runtime::serve(pg, &why);
+  if (!released) TORCH_WARN("torch_mgpu worker (rank ", pg->getRank(), "): ", why);
+  return released;
+}
+
+void release_workers() { runtime::release_workers(); }
 
 std::string policy() { return engine::policy(); }
 

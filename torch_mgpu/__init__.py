@@ -92,7 +92,10 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
 
     devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
     (two virtual devices: values crossing them are copied, as between GPUs),
-    or ["cuda:0", "cuda:1"] (each lane a stream of its device).
+    or ["cuda:0", "cuda:1"] (each lane a stream of its device). "rankN:cpu" is
+    the CPU of worker rank N of the default torch.distributed process group
+    (this process is rank 0; the workers run `python -m torch_mgpu.worker`,
+    or start everything with `torchrun ... -m torch_mgpu.launch script.py`).
     lanes_per_device: lanes on each device (default: the host's cores shared
     among CPU devices, 4 streams per CUDA device). policy: "auto" (default),
     "heft" or "serial". Arguments left None keep their current value.
@@ -108,10 +111,34 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
     if lanes_per_device is not None and int(lanes_per_device) < 1:
         raise ValueError(f"lanes_per_device must be >= 1, got {lanes_per_device}")
     devs = [str(d) for d in devices] if devices is not None else []
+    if any(d.startswith("rank") for d in devs):
+        _use_process_group()
     if compile is not None:
         _tiers.set_compile(compile)
     if compile is None or devices is not None or lanes_per_device is not None or policy is not None:
         _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
+
+
+def _use_process_group() -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "torch_mgpu: remote devices ('rankN:cpu') need a torch.distributed process group, and none is "
+            "initialized (torch.distributed.init_process_group('gloo'), or start the program with "
+            "torchrun ... -m torch_mgpu.launch script.py)"
+        )
+    pg = dist.group.WORLD
+    if dist.get_backend(pg) != "gloo":
+        raise RuntimeError(f"torch_mgpu: remote devices need a Gloo process group, not {dist.get_backend(pg)!r}")
+    _C._set_process_group(pg)
+
+
+def release_workers() -> None:
+    """Tells the worker ranks reached so far to stop serving (their
+    `python -m torch_mgpu.worker` then exits). torch_mgpu.launch does it when
+    the program ends."""
+    _C._release_workers()
 
 
 def wait_for_compiles(timeout: float = 600.0) -> bool:

@@ -4,11 +4,13 @@
 #include "capture/capture.h"
 #include "runtime/calibrate.h"
 #include "runtime/lanes.h"
+#include "runtime/remote.h"
 #include "runtime/sanitizer.h"
 
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <new>
@@ -33,6 +35,38 @@ std::vector<std::string> split(const std::string& s) {
     start = end + 1;
   }
   return out;
+}
+
+// Greets each worker rank `t` names (same build on both sides) and
+// measures the network to them: a request's round trip, and the bandwidth
+// of a few megabytes sent.
+void check_remote_devices(plan::Topology& t) {
+  std::vector<double> trips, rates;
+  for (const auto& lane : t.lanes) {
+    if (lane.rank == 0) continue;
+    auto rem = runtime::remote(lane.rank);
+    const auto info = rem->hello();
+    TORCH_CHECK(info.version == runtime::wire_version() && info.torch_version == runtime::torch_version(),
+                "torch_mgpu: rank ", lane.rank, " runs ", info.version, " with torch ", info.torch_version,
+                ", and this process ", runtime::wire_version(), " with torch ", runtime::torch_version(),
+                ": start every rank from the same installation");
+    double best = 1e9;
+    for (int k = 0; k < 8; ++k) best = std::min(best, rem->ping());
+    constexpr size_t kProbe = 4 << 20;
+    c10::Storage probe = runtime::allocate(kProbe);
+    const int64_t id = rem->next_id();
+    const auto t0 = std::chrono::steady_clock::now();
+    rem->put(id, probe);
+    rem->ping();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rem->free({id});
+    trips.push_back(best);
+    rates.push_back(kProbe / std::max(1e-6, took - best));
+  }
+  if (trips.empty()) return;
+  t.remote_call_s = *std::max_element(trips.begin(), trips.end());
+  t.link_latency_s = t.remote_call_s / 2;
+  t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
 }
 
 // The devices a topology string names, checked against what this machine has.
@@ -79,6 +113,7 @@ int Config::default_lanes(const std::vector<std::string>& devices) {
 plan::Topology Config::checked_topology(const std::vector<std::string>& devices, int lanes) {
   auto t = plan::make_topology(devices, lanes, host_cores());
   check_devices(t);
+  if (t.remote) check_remote_devices(t);
   return t;
 }
 
@@ -168,15 +203,17 @@ const bool g_models_atfork = [] {
 }();
 } // namespace
 
-const plan::CostModel& cost_model() {
+plan::CostModel cost_model() {
   static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
   auto lanes = current_lanes();
   if (lanes->topo.cuda) {
     // Devices of one topology are taken to be alike: the first one is measured.
     const auto device = lanes->places.at(0).device;
-    return device_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_device(device); });
+    return plan::with_link(
+        device_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_device(device); }), lanes->topo);
   }
-  return cpu_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores()); });
+  return plan::with_link(
+      cpu_model().get([&] { return skip ? plan::CostModel() : runtime::calibrate_cpu(host_cores()); }), lanes->topo);
 }
 
 void configure(const std::vector<std::string>& devices, int lanes_per_device, const std::string& policy) {

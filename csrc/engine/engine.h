@@ -47,7 +47,7 @@ std::vector<std::string> stop_stream_sanitizer();
 std::vector<std::string> lane_names();
 std::string policy();
 // The calibrated cost model (measured at first use, then cached).
-const plan::CostModel& cost_model();
+plan::CostModel cost_model();
 
 // torch.compile's partitioner asks the model that plans (engine/costs.cpp):
 // seconds of `w` on one of `lanes` lanes like the current ones when all of

@@ -215,7 +215,7 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
         double start = lane_free[l];
         for (int d : g.deps[i])
           start = std::max(start, p.predicted_end[d] + edge_seconds(bytes_of[d], p.lanes[p.lane_of[d]], p.lanes[l], cm));
-        double end = start + node_seconds(work[i], cm, p.threads_per_lane);
+        double end = start + node_seconds(work[i], cm, p.threads_per_lane) + call_seconds(p.lanes[l], cm);
         p.predicted_start[i] = start;
         p.predicted_end[i] = end;
         lane_free[l] = end;
@@ -421,6 +421,7 @@ TaskSchedule schedule_tasks_impl(const Topology& t, const CostModel& cm, const T
       }
       double end = start + ts.cost[a];
       if (!slots.empty()) end = start + ts.cost[a] * std::max(1.0, device_load(l, start) + ts.fill[a]);
+      if (lanes[l].rank) end += call_seconds(lanes[l], cm) * static_cast<double>(std::max<size_t>(1, ts.members[a].size()));
       if (l == 0 || end < best_end - 1e-12) {
         best_end = end;
         best_start = start;

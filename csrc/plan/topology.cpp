@@ -24,17 +24,37 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
   bool any_cuda = false, any_cpu = false;
   for (size_t d = 0; d < devices.size(); ++d) {
     const auto& s = devices[d];
-    bool is_cuda = s.size() > 5 && s.rfind("cuda:", 0) == 0 &&
-        s.find_first_not_of("0123456789", 5) == std::string::npos;
-    TORCH_CHECK(is_cuda || s == "cpu" || s.rfind("cpu:", 0) == 0,
-                "torch_mgpu: unknown device '", s, "' (expected 'cpu' or 'cuda:N')");
+    int rank = 0;
+    std::string local = s;
+    if (s.rfind("rank", 0) == 0) {
+      const size_t colon = s.find(':');
+      const std::string digits = s.substr(4, colon == std::string::npos ? std::string::npos : colon - 4);
+      TORCH_CHECK(colon != std::string::npos && !digits.empty() && digits.size() < 9 &&
+                      digits.find_first_not_of("0123456789") == std::string::npos,
+                  "torch_mgpu: unknown device '", s, "' (a remote device is 'rankN:cpu')");
+      rank = std::stoi(digits);
+      local = s.substr(colon + 1);
+      TORCH_CHECK(local == "cpu", "torch_mgpu: unknown device '", s,
+                  "' (remote devices are CPUs for now: 'rank", rank, ":cpu')");
+      TORCH_CHECK(rank >= 1, "torch_mgpu: 'rank0' is this process: name its devices without a rank ('cpu')");
+      for (size_t e = 0; e < d; ++e)
+        TORCH_CHECK(devices[e] != s, "torch_mgpu: device '", s, "' is named twice (a worker rank is one device)");
+    }
+    bool is_cuda = local.size() > 5 && local.rfind("cuda:", 0) == 0 &&
+        local.find_first_not_of("0123456789", 5) == std::string::npos;
+    TORCH_CHECK(is_cuda || local == "cpu" || local.rfind("cpu:", 0) == 0,
+                "torch_mgpu: unknown device '", s, "' (expected 'cpu', 'cuda:N' or 'rankN:cpu')");
     any_cuda |= is_cuda;
     any_cpu |= !is_cuda;
-    for (int l = 0; l < lanes_per_device; ++l) {
+    t.remote |= rank > 0;
+    const int lanes = rank > 0 ? 1 : lanes_per_device;
+    for (int l = 0; l < lanes; ++l) {
       Lane lane;
       lane.device = static_cast<int>(d);
       lane.index = l;
-      lane.name = (is_cuda ? s : "cpu:" + std::to_string(d)) + (is_cuda ? "/stream" : "/lane") + std::to_string(l);
+      lane.rank = rank;
+      lane.name = (rank > 0 ? s : is_cuda ? s : "cpu:" + std::to_string(d)) + (is_cuda ? "/stream" : "/lane") +
+          std::to_string(l);
       t.lanes.push_back(lane);
     }
   }
@@ -270,8 +290,20 @@ double node_seconds(const Work& w, const CostModel& cm, int threads) {
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm) {
   if (a.device == b.device && a.index == b.index) return 0.0;
   if (a.device == b.device) return cm.lane_sync_s;
+  if (a.rank != b.rank) {
+    // Through the controller when neither end is it.
+    const double hops = a.rank && b.rank ? 2.0 : 1.0;
+    return cm.lane_sync_s + hops * (cm.network_latency_s + bytes / cm.network_bytes_per_s);
+  }
   const double rate = cm.peer_bytes_per_s > 0 ? cm.peer_bytes_per_s : cm.transfer_bytes_per_s;
   return cm.lane_sync_s + cm.transfer_latency_s + bytes / rate;
+}
+
+CostModel with_link(CostModel cm, const Topology& t) {
+  if (t.link_latency_s > 0) cm.network_latency_s = t.link_latency_s;
+  if (t.link_bytes_per_s > 0) cm.network_bytes_per_s = t.link_bytes_per_s;
+  if (t.remote_call_s > 0) cm.remote_call_s = t.remote_call_s;
+  return cm;
 }
 
 const std::vector<DeviceProfile>& device_profiles() {

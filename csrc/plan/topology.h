@@ -11,7 +11,8 @@ namespace torch_mgpu::plan {
 struct Lane {
   int device = 0;  // index into Topology::devices
   int index = 0;   // lane number within the device
-  std::string name;  // "cpu:0/lane1", "cuda:1/stream0"
+  std::string name;  // "cpu:0/lane1", "cuda:1/stream0", "rank1:cpu/lane0"
+  int rank = 0;      // the process that runs it: 0 this one, else a worker rank (runtime/remote.h)
 };
 
 struct Topology {
@@ -20,11 +21,17 @@ struct Topology {
   int lanes_per_device = 1;
   int cores = 1;  // host cores shared by CPU lanes
   bool cuda = false;
+  bool remote = false;  // some device is another rank's ("rankN:cpu": one lane, its process's cores)
+  // The network to the workers, measured at configure (0: not measured;
+  // the cost model's figures stand).
+  double link_latency_s = 0, link_bytes_per_s = 0, remote_call_s = 0;
   // Lanes on CPU devices share the host cores: this many threads each.
   int threads_per_lane(int lanes_in_use) const;
 };
 
 // Parses {"cpu","cpu"} or {"cuda:0","cuda:1"}; `lanes_per_device` >= 1.
+// "rankN:cpu" is the CPU of worker rank N (N >= 1) of the process group:
+// one lane, since a worker runs one node at a time.
 Topology make_topology(const std::vector<std::string>& devices, int lanes_per_device, int cores);
 // K virtual devices of the same kind as `like`, S lanes each (simulation).
 Topology virtual_topology(const Topology& like, int devices, int lanes_per_device);
@@ -46,6 +53,11 @@ struct CostModel {
   // A compiled partition's call on a lane (its Python wrapper, the GIL)
   // and the wait for it: what cutting a graph in one more partition costs.
   double partition_call_s = 150e-6;
+  // Lanes on other ranks: a value crossing ranks pays the network's latency
+  // and bandwidth, a node run there one request and its answer.
+  double network_latency_s = 100e-6;
+  double network_bytes_per_s = 1e9;
+  double remote_call_s = 150e-6;
   double fused_step_s = 6e-8;          // a step of a fused pointwise pass over one 1024-element block (in cache)
   bool calibrated = false;
   // A GPU: its streams share the device's SMs (a kernel fills part of the
@@ -118,6 +130,12 @@ double node_seconds(const Work& w, const CostModel& cm, int threads);
 // The part of node_seconds that is the host's (launching it), not the device's.
 double launch_seconds(const Work& w, const CostModel& cm);
 // Seconds to move `bytes` from lane a to lane b (0 on the same lane).
+// Between ranks: the network's.
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm);
+// What running one node on `lane` adds to its work: the request to another
+// rank and its answer (0 on this process's lanes).
+inline double call_seconds(const Lane& lane, const CostModel& cm) { return lane.rank ? cm.remote_call_s : 0.0; }
+// `cm` with the network figures `t` measured (if any).
+CostModel with_link(CostModel cm, const Topology& t);
 
 } // namespace torch_mgpu::plan

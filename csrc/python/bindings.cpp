@@ -19,6 +19,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -207,6 +208,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("configure", &torch_mgpu::configure, py::arg("devices"), py::arg("lanes_per_device"), py::arg("policy"),
         nogil());
   m.def("lanes", &torch_mgpu::lanes, nogil());
+  m.def("_set_process_group", &torch_mgpu::set_process_group, nogil());
+  m.def("_serve", &torch_mgpu::serve_as_worker, nogil());
+  m.def("_release_workers", &torch_mgpu::release_workers, nogil());
   m.def("policy", [] { return torch_mgpu::policy(); }, nogil());
   py::class_<PlanHandle>(m, "_PlanRecord")
       .def("summary", &plan_summary)
@@ -221,12 +225,11 @@ PYBIND11_MODULE(_C, m) {
     return plan_handle(std::move(rec));
   });
   m.def("_cost_model", [] {
-    const torch_mgpu::plan::CostModel* model = nullptr;
+    torch_mgpu::plan::CostModel cm;
     {
       py::gil_scoped_release nogil;  // the first call calibrates on the lanes
-      model = &torch_mgpu::engine::cost_model();
+      cm = torch_mgpu::engine::cost_model();
     }
-    const auto& cm = *model;
     py::dict d;
     d["gemm_flops_per_s"] = cm.gemm_flops_per_s;
     d["small_gemm_flops_per_s"] = cm.small_gemm_flops_per_s;

@@ -11,6 +11,8 @@
 #include "runtime/host_cache.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
+#include "runtime/remote.h"
+#include "runtime/serialize.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -97,6 +99,12 @@ struct Run {
   std::condition_variable cv;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   bool parallel = false;
+  // Lanes of other ranks: the id under which a worker keeps a value (the
+  // node that made it, or the leaf, its output, the rank), and per node
+  // whether its outputs were made there (res.values then holds stand-ins
+  // of their size, no bytes).
+  std::map<std::tuple<const void*, int, int>, int64_t> remote_ids;
+  std::vector<char> made_remote;
 
   ~Run() {
     for (const auto& c : copies) ir::release(c.second.bytes);
@@ -119,6 +127,7 @@ struct Run {
     is_root.assign(output_at[n], 0);
     events.resize(n);
     ends.resize(n);
+    made_remote.assign(n, 0);
     for (size_t i = 0; i < n; ++i) {
       const auto& ops = g.nodes[i]->operands;
       for (size_t k = 0; k < ops.size(); ++k) {
@@ -203,9 +212,35 @@ struct Run {
       }
       return c->second.bytes;
     }
+    std::shared_ptr<Remote> from_rank;
+    int64_t from_id = 0;
+    if (made_remote[d]) {
+      from_rank = places[src_lane].remote;
+      from_id = remote_ids.at({g.nodes[d].get(), v.index, p.lanes[src_lane].rank});
+    }
     lock.unlock();
     Copy moved;
     moved.lane = lane;
+    if (from_rank) {
+      // Made on another rank: its bytes come back over the network.
+      try {
+        observers().before_transfer();
+        moved.bytes = from_rank->get(from_id, g.nodes[d]->outputs[v.index].nbytes);
+        if (moved.bytes.device() != place.device) moved.bytes = copy_to(moved.bytes, place.device, /*wait=*/true);
+      } catch (...) {
+        lock.lock();
+        c->second.done = true;
+        cv.notify_all();
+        throw;
+      }
+      observers().transferred(moved.bytes.nbytes());
+      ir::hold(moved.bytes);
+      moved.done = true;
+      lock.lock();
+      c->second = std::move(moved);
+      cv.notify_all();
+      return c->second.bytes;
+    }
     try {
       // A device-to-device copy is queued after the producer on its stream;
       // this lane's stream (current for its device) waits for the copy.
@@ -249,9 +284,191 @@ struct Run {
     return c->second.bytes;
   }
 
+  // Operand k of node i is missing (an op before it failed, or it reads a
+  // value whose computation failed earlier): node i is skipped. Under the lock.
+  bool skip_if_missing(int i, size_t k) {
+    const ir::Value& v = g.nodes[i]->operands[k];
+    const int d = producer[operand_at[i] + k];
+    const bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
+    if (!missing) return false;
+    std::exception_ptr e;
+    std::string msg;
+    if (d < 0) {
+      msg = v.node->error;
+      e = error_with(msg);
+    }
+    fail(i, Status::Skipped, e, msg);
+    cv.notify_all();
+    return true;
+  }
+
+  // Node i, as the worker of `lane` sees it: each operand under its id
+  // there (sent first where it is not there yet), and its outputs kept there
+  // under new ids. A node that cannot be sent (a constant that is not plain
+  // data) runs here instead, over its operands' bytes brought back.
+  void run_remote(int lane, int i) {
+    const ir::Node& node = *g.nodes[i];
+    Remote& rem = *places[lane].remote;
+    const int rank = p.lanes[lane].rank;
+    const bool here = !serializable(node);
+    std::unique_lock<std::mutex> lock(m);
+    if (parallel) {
+      cv.wait(lock, [&] {
+        for (int d : g.deps[i])
+          if (res.status[d] == Status::NotRun) return false;
+        return true;
+      });
+    }
+    std::vector<int64_t> ids(node.operands.size(), 0);
+    std::vector<c10::Storage> bytes(node.operands.size());  // operands not on the worker (all of them when `here`)
+    for (size_t k = 0; k < node.operands.size(); ++k) {
+      if (skip_if_missing(i, static_cast<int>(k))) return;
+      const ir::Value& v = node.operands[k];
+      const int d = producer[operand_at[i] + k];
+      const void* key = d >= 0 ? static_cast<const void*>(g.nodes[d].get()) : static_cast<const void*>(v.node.get());
+      auto it = remote_ids.find({key, v.index, rank});
+      if (it != remote_ids.end() && !here) {
+        ids[k] = it->second;
+        continue;
+      }
+      try {
+        if (it != remote_ids.end()) {
+          const int64_t id = it->second;
+          lock.unlock();
+          bytes[k] = rem.get(id, d >= 0 ? g.nodes[d]->outputs[v.index].nbytes : v.node->outputs[v.index].nbytes);
+          lock.lock();
+        } else if (d >= 0 && made_remote[d]) {
+          // On another rank: through this process.
+          const int src_lane = p.lane_of[d];
+          auto from = places[src_lane].remote;
+          const int64_t id = remote_ids.at({g.nodes[d].get(), v.index, p.lanes[src_lane].rank});
+          lock.unlock();
+          bytes[k] = from->get(id, g.nodes[d]->outputs[v.index].nbytes);
+          lock.lock();
+        } else if (d < 0) {
+          bytes[k] = leaf(*v.node, Place());
+        } else {
+          bytes[k] = res.values[d][v.index];
+          if (!bytes[k].device().is_cpu()) bytes[k] = copy_to(bytes[k], c10::Device(c10::kCPU), /*wait=*/true);
+        }
+      } catch (const std::exception& e) {
+        if (!lock.owns_lock()) lock.lock();
+        observers().node_failed();
+        fail(i, Status::Failed, std::current_exception(), message_of(e));
+        cv.notify_all();
+        return;
+      }
+      if (!here) {
+        ids[k] = rem.next_id();
+        remote_ids[{key, v.index, rank}] = ids[k];
+      }
+    }
+    lock.unlock();
+    NodeTiming timing;
+    timing.lane = lane;
+    timing.threads = thread_parallelism();
+    timing.start = now();
+    std::vector<int64_t> out_ids;
+    std::vector<c10::Storage> out;
+    std::exception_ptr error;
+    std::string message;
+    try {
+      if (here) {
+        observers().before_node(node);
+        out = run_node(node, std::move(bytes), p.reuse[i], Place());
+      } else {
+        for (size_t k = 0; k < bytes.size(); ++k) {
+          if (!bytes[k]) continue;
+          observers().before_transfer();
+          rem.put(ids[k], bytes[k]);
+          observers().transferred(bytes[k].nbytes());
+        }
+        observers().before_node(node);
+        for (size_t k = 0; k < node.outputs.size(); ++k) out_ids.push_back(rem.next_id());
+        rem.run(node, ids, p.reuse[i], out_ids);
+        observers().nodes_ran(1);
+        for (const auto& o : node.outputs) out.push_back(stand_in(o.nbytes));
+      }
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      message = message_of(e);
+    }
+    timing.end = now();
+    lock.lock();
+    res.timing[i] = timing;
+    if (error) {
+      observers().node_failed();
+      fail(i, Status::Failed, error, message);
+    } else {
+      for (const auto& o : out) ir::hold(o);
+      res.values[i] = std::move(out);
+      res.status[i] = Status::Ok;
+      if (!here) {
+        made_remote[i] = 1;
+        for (size_t k = 0; k < out_ids.size(); ++k) remote_ids[{g.nodes[i].get(), static_cast<int>(k), rank}] = out_ids[k];
+      }
+      release_operands(i);
+    }
+    lock.unlock();
+    if (parallel) cv.notify_all();
+  }
+
+  // What res.values holds for a value kept on a worker: its size, no bytes.
+  static c10::Storage stand_in(size_t nbytes) {
+    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr, false));
+  }
+
+  // After the lanes: results made on workers come back (the program reads
+  // them here); the workers drop what this run left with them. A result
+  // that cannot be fetched (its rank is lost) fails its node.
+  void finish_remote() {
+    std::map<int, std::shared_ptr<Remote>> used;
+    for (size_t l = 0; l < p.lanes.size() && l < places.size(); ++l)
+      if (places[l].remote && !p.lane_order[l].empty()) used[p.lanes[l].rank] = places[l].remote;
+    if (used.empty()) return;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!made_remote[i]) continue;
+      const int rank = p.lanes[p.lane_of[i]].rank;
+      auto& vals = res.values[i];
+      for (size_t k = 0; k < vals.size(); ++k) {
+        if (!vals[k]) continue;
+        c10::Storage got;
+        if (is_root[output_at[i] + k] && res.status[i] == Status::Ok) {
+          try {
+            observers().before_transfer();
+            got = used.at(rank)->get(remote_ids.at({g.nodes[i].get(), static_cast<int>(k), rank}), vals[k].nbytes());
+            observers().transferred(got.nbytes());
+          } catch (const std::exception& e) {
+            observers().node_failed();
+            fail(i, Status::Failed, std::current_exception(), message_of(e));
+          }
+        }
+        ir::release(vals[k]);
+        vals[k] = got;
+        if (got) ir::hold(got);
+      }
+      if (res.status[i] != Status::Ok)
+        for (auto& v : vals) {
+          if (v) ir::release(v);
+          v = c10::Storage();
+        }
+    }
+    std::map<int, std::vector<int64_t>> by_rank;
+    for (const auto& [key, id] : remote_ids) by_rank[std::get<2>(key)].push_back(id);
+    for (auto& [rank, ids] : by_rank) {
+      try {
+        used.count(rank) ? used[rank]->free(ids) : void();
+      } catch (const std::exception&) {
+        // A lost rank keeps nothing to free.
+      }
+    }
+  }
+
   void run_one(int lane, int i) {
     const ir::Node& node = *g.nodes[i];
     const Place& place = places[lane];
+    if (place.remote) return run_remote(lane, i);
     std::unique_lock<std::mutex> lock(m);
     if (parallel) {
       cv.wait(lock, [&] {
@@ -263,20 +480,9 @@ struct Run {
     std::vector<c10::Storage> operands;
     operands.reserve(node.operands.size());
     for (size_t k = 0; k < node.operands.size(); ++k) {
+      if (skip_if_missing(i, k)) return;
       const ir::Value& v = node.operands[k];
       const int d = producer[operand_at[i] + k];
-      bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
-      if (missing) {
-        std::exception_ptr e;
-        std::string msg;
-        if (d < 0) {
-          msg = v.node->error;
-          e = error_with(msg);
-        }
-        fail(i, Status::Skipped, e, msg);
-        cv.notify_all();
-        return;
-      }
       try {
         operands.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
       } catch (const std::exception& e) {
@@ -539,7 +745,7 @@ struct Run {
       lane_start_s = now();
     }
     const auto& f = p.fusion;
-    const bool fuse = !f.group_at.empty() && !place.streams;  // host kernels over host memory
+    const bool fuse = !f.group_at.empty() && !place.streams && !place.remote;  // host kernels over host memory
     for (size_t k = 0; k < order.size(); ++k) {
       const int grp = fuse ? f.group_at[order[k]] : -1;
       const size_t steps = grp < 0 ? 1 : f.groups[grp].steps.size();  // a group's steps are the lane's next nodes
@@ -635,6 +841,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
         });
       LanePool::instance().run(jobs, p.threads_per_lane);
     }
+    run.finish_remote();
   } catch (const std::exception& e) {
     // The run could not start (a lane thread could not be made, memory ran
     // out): nothing that did not finish ran. Lanes are done here.

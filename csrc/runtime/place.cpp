@@ -1,4 +1,5 @@
 #include "runtime/place.h"
+#include "runtime/remote.h"
 
 #include "ir/view.h"
 #include "runtime/sanitizer.h"
@@ -14,7 +15,7 @@
 namespace torch_mgpu::runtime {
 
 c10::Device physical_device(const std::string& name) {
-  if (name == "cpu" || name.rfind("cpu:", 0) == 0) return c10::Device(c10::kCPU);
+  if (name == "cpu" || name.rfind("cpu:", 0) == 0 || name.rfind("rank", 0) == 0) return c10::Device(c10::kCPU);
   c10::Device d(name);  // "cuda:N"; raises on anything malformed
   TORCH_CHECK(d.is_cuda() && d.has_index(), "torch_mgpu: unknown device '", name,
               "' (expected 'cpu' or 'cuda:N')");
@@ -32,6 +33,11 @@ std::vector<Place> make_places(const plan::Topology& t) {
   for (const auto& lane : t.lanes) {
     Place p;
     p.device = physical_device(t.devices[lane.device]);
+    if (lane.rank > 0) {
+      p.remote = remote(lane.rank);
+      out.push_back(p);
+      continue;
+    }
     // Under the stream sanitizer, CPU lanes are stream lanes too.
     if (!p.device.is_cpu() || stream_sanitizer_on()) {
       c10::impl::VirtualGuardImpl impl(p.device.type());

@@ -18,18 +18,25 @@
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace torch_mgpu::runtime {
 
+class Remote;
+
 struct Place {
   c10::Device device{c10::kCPU};
   c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   bool streams = false;  // ordered by its stream (events across lanes), not by the host
+  // A lane of another rank (runtime/remote.h): its nodes run there; `device`
+  // is the host, where its values land when read here.
+  std::shared_ptr<Remote> remote;
 };
 
-// "cpu" and "cpu:N" (virtual CPU devices are all the host) or "cuda:N".
+// "cpu" and "cpu:N" (virtual CPU devices are all the host) or "cuda:N";
+// "rankN:cpu" (another process's CPU) is the host here.
 c10::Device physical_device(const std::string& name);
 // Visible CUDA devices: 0 in a CPU build or on a machine with no GPU.
 int cuda_device_count();

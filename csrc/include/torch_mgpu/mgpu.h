@@ -4,11 +4,16 @@
 //   auto x = torch::randn({4, 4}).to(torch::Device("mgpu"));
 // records ops lazily, and x.cpu() or torch_mgpu::synchronize() runs them.
 #include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}
 
 namespace torch_mgpu {
 
@@ -53,6 +58,15 @@ void configure(const std::vector<std::string>& devices = {}, int lanes_per_devic
                const std::string& policy = "");
 std::vector<std::string> lanes();
 std::string policy();
+
+// Lanes on other processes: "rankN:cpu" devices are worker rank N of `pg`
+// (a torch.distributed process group, Gloo; this process is its rank 0).
+// Set the group before configuring such devices. A worker process calls
+// serve_as_worker(pg): it runs what rank 0 sends until release_workers()
+// (true) or until rank 0 goes away (false).
+void set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg);
+bool serve_as_worker(const c10::intrusive_ptr<c10d::ProcessGroup>& pg);
+void release_workers();
 
 struct TimelineEntry {
   int node;

@@ -1,0 +1,102 @@
+#pragma once
+// Lanes in other processes: a worker rank of a torch.distributed process
+// group (Gloo on CPU) runs the nodes a plan gives its lane. The controller
+// (rank 0, the user's program) sends each node as data (runtime/serialize.h)
+// with the ids of its operands' bytes on the worker, the bytes the worker
+// lacks, and asks for the bytes it needs back. Only rank 0 of the worker's
+// own process group is listened to; a message is never run as code.
+//
+// Messages are c10d send/recv pairs: a fixed-size header (kind, body,
+// sizes of the bulk blobs that follow) and each blob as its own byte tensor,
+// sent from and received into a storage's bytes without a copy.
+//
+// Faults: every wait is bounded (TORCH_MGPU_REMOTE_TIMEOUT seconds, default
+// 300; a closed connection is seen at once). A rank that fails to answer is
+// marked lost: every later call on it raises an error naming it, and
+// configure() refuses it until a new process group brings it back. A worker
+// whose controller goes away returns from serve().
+#include "ir/node.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::runtime {
+
+// What a worker says about itself when asked.
+struct WorkerInfo {
+  std::string version;        // torch_mgpu's wire version
+  std::string torch_version;
+  std::string host;
+  int threads = 1;            // its intra-op threads
+};
+
+// This build's wire version and torch's version, as a worker reports them.
+std::string wire_version();
+std::string torch_version();
+
+class Remote {
+ public:
+  Remote(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank);
+  int rank() const { return rank_; }
+  std::string name() const { return "rank" + std::to_string(rank_); }
+
+  WorkerInfo hello();
+  // Seconds for one empty request and its answer.
+  double ping();
+  // Sends `bytes` (host memory); the worker keeps them under `id`.
+  void put(int64_t id, const c10::Storage& bytes);
+  // Runs `n` on the worker over the bytes of `operands` (ids), keeping its
+  // outputs under `outputs` (ids, one per node output). Raises the node's
+  // error as the worker's kernel raised it (same class, same message).
+  void run(const ir::Node& n, const std::vector<int64_t>& operands, const std::vector<bool>& reuse,
+           const std::vector<int64_t>& outputs);
+  // The bytes kept under `id` (`nbytes` of them), in host memory.
+  c10::Storage get(int64_t id, size_t nbytes);
+  // Drops the bytes kept under `ids`.
+  void free(const std::vector<int64_t>& ids);
+  // Asks the worker to stop serving (the controller is done).
+  void bye();
+
+  bool lost() const { return lost_.load(); }
+  std::string lost_reason() const;
+  // A fresh id for bytes on this worker.
+  int64_t next_id() { return next_id_.fetch_add(1); }
+
+ private:
+  struct Reply;
+  void send(uint32_t kind, const std::string& body, const std::vector<c10::Storage>& blobs);
+  std::string receive(uint32_t& kind, std::vector<c10::Storage>* blobs);
+  [[noreturn]] void lose(const std::string& what, const std::exception& e);
+  void check_alive() const;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_;
+  std::mutex m_;  // one request and its answer at a time
+  std::atomic<bool> lost_{false};
+  mutable std::mutex reason_m_;
+  std::string reason_;
+  std::atomic<int64_t> next_id_{1};
+};
+
+// The process group remote lanes use (set by configure's Python side, or
+// by a C++ program); none until set.
+void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+c10::intrusive_ptr<c10d::ProcessGroup> process_group();
+// The connection to `rank` of the current process group (made once per
+// group). Raises naming the problem: no process group, rank 0 (this
+// process), a rank outside the world.
+std::shared_ptr<Remote> remote(int rank);
+// Tells every worker reached so far to stop serving.
+void release_workers();
+
+// A worker's loop: serves rank 0 of `pg` until it says bye (returns true)
+// or goes away (returns false, after `why` says how).
+bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why = nullptr);
+
+} // namespace torch_mgpu::runtime
