@@ -135,9 +135,13 @@ def _use_process_group() -> None:
 
 
 def release_workers() -> None:
-    """Tells the worker ranks reached so far to stop serving (their
-    `python -m torch_mgpu.worker` then exits). torch_mgpu.launch does it when
-    the program ends."""
+    """Tells every worker rank of the default process group to stop serving
+    (their `python -m torch_mgpu.worker` then exits). torch_mgpu.launch does
+    it when the program ends."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        _C._set_process_group(dist.group.WORLD)
     _C._release_workers()
 
 
@@ -165,9 +169,12 @@ def configuration() -> dict:
 
 def _configuration_of(lane_names, policy_name) -> dict:
     devices = _device_module.devices_of(lane_names)
-    # Virtual CPU devices (cpu:0, cpu:1) are each configured as "cpu".
+    # Virtual CPU devices (cpu:0, cpu:1) are each configured as "cpu"; a
+    # worker rank's device ("rank1:cpu") has one lane of its own.
+    local = [d for d in devices if not d.startswith("rank")]
+    local_lanes = [n for n in lane_names if not n.startswith("rank")]
     return {"devices": ["cpu" if d.startswith("cpu") else d for d in devices],
-            "lanes_per_device": len(lane_names) // len(devices), "policy": policy_name}
+            "lanes_per_device": max(1, len(local_lanes) // max(1, len(local))), "policy": policy_name}
 
 
 def max_pending_ops() -> int:

@@ -419,8 +419,9 @@ struct Run {
         c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr, false));
   }
 
-  // After the lanes: results made on workers come back (the program reads
-  // them here); the workers drop what this run left with them. A result
+  // After the lanes: values made on workers and still held come back (the
+  // results, and earlier versions that a failed in-place write leaves its
+  // storage with); the workers drop what this run left with them. A value
   // that cannot be fetched (its rank is lost) fails its node.
   void finish_remote() {
     std::map<int, std::shared_ptr<Remote>> used;
@@ -434,7 +435,7 @@ struct Run {
       for (size_t k = 0; k < vals.size(); ++k) {
         if (!vals[k]) continue;
         c10::Storage got;
-        if (is_root[output_at[i] + k] && res.status[i] == Status::Ok) {
+        if (res.status[i] == Status::Ok) {
           try {
             observers().before_transfer();
             got = used.at(rank)->get(remote_ids.at({g.nodes[i].get(), static_cast<int>(k), rank}), vals[k].nbytes());

@@ -326,6 +326,11 @@ void release_workers() {
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.m);
+    if (!r.pg || r.pg->getRank() != 0) return;
+    for (int rank = 1; rank < r.pg->getSize(); ++rank) {
+      auto& slot = r.remotes[rank];
+      if (!slot) slot = std::make_shared<Remote>(r.pg, rank);
+    }
     all = r.remotes;
   }
   for (auto& [rank, rem] : all) {

@@ -92,7 +92,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group();
 // group). Raises naming the problem: no process group, rank 0 (this
 // process), a rank outside the world.
 std::shared_ptr<Remote> remote(int rank);
-// Tells every worker reached so far to stop serving.
+// Tells every worker rank of the process group to stop serving.
 void release_workers();
 
 // A worker's loop: serves rank 0 of `pg` until it says bye (returns true)

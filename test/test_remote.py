@@ -1,0 +1,275 @@
+"""Lanes on other ranks (runtime/remote.h): worker processes of a Gloo
+process group on loopback. Each test starts a small world: rank 0 runs a
+program written here, the other ranks `python -m torch_mgpu.worker`."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import torch_mgpu
+
+PY = sys.executable
+
+PRELUDE = """
+import os, sys, time
+import torch, torch.distributed as dist
+import torch_mgpu
+dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+
+def same(a, b, exact=True):
+    a = a.cpu() if a.device.type == "mgpu" else a
+    if exact:
+        assert torch.equal(a, b), (a, b)
+    else:
+        torch.testing.assert_close(a, b)
+
+def done():
+    torch_mgpu.release_workers()
+    print("DONE", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_world(program, world=2, worker_env=None, controller_env=None):
+    """Starts the workers and the controller running `program` (after
+    PRELUDE); returns (controller, [workers])."""
+    port = free_port()
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                TORCH_DEVICE_BACKEND_AUTOLOAD="0", OMP_NUM_THREADS="1", TORCH_MGPU_REMOTE_TIMEOUT="30")
+    workers = []
+    for r in range(1, world):
+        env = dict(base, RANK=str(r), **(worker_env or {}).get(r, {}))
+        workers.append(subprocess.Popen([PY, "-m", "torch_mgpu.worker"], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True))
+    env = dict(base, RANK="0", WORKER_PIDS=",".join(str(w.pid) for w in workers), **(controller_env or {}))
+    code = PRELUDE + textwrap.dedent(program)
+    controller = subprocess.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+    return controller, workers
+
+
+def finish(controller, workers, timeout=180):
+    try:
+        out, _ = controller.communicate(timeout=timeout)
+    finally:
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    return out
+
+
+def run_world(program, world=2, **kw):
+    controller, workers = start_world(program, world, **kw)
+    out = finish(controller, workers)
+    assert controller.returncode == 0 and "DONE" in out, out
+    for w in workers:
+        assert w.returncode == 0, w.stdout.read()
+    return out
+
+
+def test_results_equal_eager_on_a_worker_lane():
+    # Every node on the worker (its rank is the only device): values,
+    # views, in-place writes, dtypes, reductions and a multi-output op.
+    run_world("""
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        assert torch_mgpu.lanes() == ["rank1:cpu/lane0"], torch_mgpu.lanes()
+        torch.manual_seed(0)
+        x = torch.randn(64, 48)
+        y = torch.randn(48, 32)
+        m = x.to("mgpu")
+        same((m @ y.to("mgpu")).relu(), (x @ y).relu())
+        same(m.t().abs(), x.t().abs())
+        same(m[2:10, ::3].sum(0), x[2:10, ::3].sum(0))
+        z = m.clone(); z.mul_(2).add_(1)
+        zx = x.clone(); zx.mul_(2).add_(1)
+        same(z, zx)
+        same(m.to(torch.float64).mean(1, keepdim=True), x.to(torch.float64).mean(1, keepdim=True))
+        v, i = m.max(1)
+        same(v, x.max(1).values); same(i, x.max(1).indices)
+        same((m > 0).sum(), (x > 0).sum())
+        same(torch.cat([m, m * 3], 1), torch.cat([x, x * 3], 1))
+        same(torch.where(m > 0, m, -m), torch.where(x > 0, x, -x))
+        same(m.view(-1)[::7], x.view(-1)[::7])
+        assert "rank1:cpu/lane0" in str(torch_mgpu.last_plan())
+        done()
+    """)
+
+
+def test_branches_split_between_this_process_and_a_worker():
+    run_world("""
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch.manual_seed(1)
+        xs = [torch.randn(256, 256) for _ in range(8)]
+        for step in range(3):
+            out = sum((x.to("mgpu") @ x.to("mgpu")).tanh() for x in xs)
+            same(out, sum((x @ x).tanh() for x in xs))
+        lanes = {e["lane"] for e in torch_mgpu.last_plan().timeline()}
+        assert lanes == {"cpu:0/lane0", "rank1:cpu/lane0"}, lanes
+        done()
+    """)
+
+
+def test_random_ops_and_a_training_step_match_one_process():
+    # Random ops draw the same numbers for a seed on any lane; an MLP's
+    # training steps (autograd, Adam) on the worker equal eager's.
+    run_world("""
+        def draws():
+            torch.manual_seed(5)
+            a = torch.rand(100, device="mgpu")
+            b = torch.nn.functional.dropout(torch.ones(50, 50, device="mgpu"), 0.3)
+            g = torch.Generator().manual_seed(7)
+            c = torch.randn(20, generator=g).to("mgpu") * 2
+            return [t.cpu() for t in (a, b, c)]
+        torch_mgpu.configure(devices=["cpu"])
+        local = draws()
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        remote = draws()
+        for l, r in zip(local, remote):
+            same(r, l)
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        ref = __import__("copy").deepcopy(model)
+        model.to("mgpu")
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+        data = torch.randn(8, 16); target = torch.randn(8, 4)
+        for step in range(3):
+            for m, o, d, t in ((model, opt, data.to("mgpu"), target.to("mgpu")), (ref, ref_opt, data, target)):
+                o.zero_grad()
+                loss = torch.nn.functional.mse_loss(m(d), t)
+                loss.backward()
+                o.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            same(p.detach(), q.detach(), exact=False)
+        done()
+    """)
+
+
+def test_an_error_on_the_worker_is_raised_as_eager_raises_it():
+    run_world("""
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        x = torch.randn(4, 5).to("mgpu")
+        keep = (x * 2)
+        bad = x.masked_scatter(torch.ones(4, 5, dtype=torch.bool).to("mgpu"), torch.randn(3).to("mgpu"))
+        try:
+            bad.cpu()
+        except RuntimeError as e:
+            assert "masked_scatter" in str(e) or "Number of elements" in str(e), e
+        else:
+            raise AssertionError("no error")
+        same(keep, x.cpu() * 2)  # other values stay usable
+        same((x + 1).sum(), (x.cpu() + 1).sum())
+        done()
+    """)
+
+
+def test_bad_remote_devices_are_refused_at_configure():
+    run_world("""
+        before = torch_mgpu.lanes()
+        for devs, words in ((["rank5:cpu"], "unknown rank 5"), (["rank0:cpu"], "rank0"),
+                            (["rank1:cuda:0"], "remote devices are CPUs"), (["rankx:cpu"], "unknown device")):
+            try:
+                torch_mgpu.configure(devices=devs)
+            except RuntimeError as e:
+                assert words in str(e), (devs, str(e))
+            else:
+                raise AssertionError(devs)
+            assert torch_mgpu.lanes() == before
+        done()
+    """)
+
+
+def test_remote_devices_need_a_process_group():
+    # This process has no process group.
+    before = torch_mgpu.lanes()
+    with pytest.raises(RuntimeError, match="need a torch.distributed process group"):
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"])
+    assert torch_mgpu.lanes() == before
+
+
+def test_a_worker_of_another_version_is_refused():
+    run_world("""
+        try:
+            torch_mgpu.configure(devices=["cpu", "rank1:cpu"])
+        except RuntimeError as e:
+            assert "rank 1 runs torch_mgpu 9.9" in str(e) and "same installation" in str(e), str(e)
+        else:
+            raise AssertionError("configured")
+        assert not any(l.startswith("rank") for l in torch_mgpu.lanes())
+        done()
+    """, worker_env={1: {"TORCH_MGPU_WIRE_VERSION": "torch_mgpu 9.9 wire 7"}})
+
+
+def test_a_killed_worker_raises_naming_its_rank_and_the_rest_stays_usable():
+    controller, workers = start_world("""
+        import signal
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"])
+        x = torch.randn(32, 32)
+        local = (x.to("mgpu") + 1)
+        local.cpu()
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        held = x.to("mgpu") * 3
+        same(held, x * 3)
+        os.kill(int(os.environ["WORKER_PIDS"]), signal.SIGKILL)
+        time.sleep(0.5)
+        lost = x.to("mgpu").exp()
+        t0 = time.time()
+        try:
+            lost.cpu()
+        except RuntimeError as e:
+            assert "rank 1" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        assert time.time() - t0 < 20, time.time() - t0
+        try:
+            (lost + 1).cpu()  # a value lost with the rank raises when read
+        except RuntimeError as e:
+            assert "rank 1" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        try:
+            torch_mgpu.configure(devices=["cpu", "rank1:cpu"])
+        except RuntimeError as e:
+            assert "rank 1 is lost" in str(e), str(e)
+        else:
+            raise AssertionError("configured a lost rank")
+        torch_mgpu.configure(devices=["cpu"])
+        same(local, x + 1)
+        same(held, x * 3)
+        same((local * 2).sum(), ((x + 1) * 2).sum())
+        print("DONE", flush=True)
+        os._exit(0)
+    """)
+    out = finish(controller, workers)
+    assert controller.returncode == 0 and "DONE" in out, out
+    assert workers[0].returncode == -signal.SIGKILL
+
+
+def test_a_worker_whose_controller_dies_exits_by_itself():
+    controller, workers = start_world("""
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        same(torch.ones(3).to("mgpu") * 2, torch.full((3,), 2.0))
+        print("DONE", flush=True)
+        os._exit(0)  # no release_workers()
+    """)
+    out = finish(controller, workers, timeout=120)
+    assert "DONE" in out, out
+    workers[0].wait(timeout=60)
+    assert workers[0].returncode == 1, workers[0].stdout.read()
+    assert "went away" in workers[0].stdout.read()
