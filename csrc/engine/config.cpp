@@ -41,6 +41,7 @@ std::vector<std::string> split(const std::string& s) {
 // measures the network to them: a request's round trip, and the bandwidth
 // of a few megabytes sent.
 void check_remote_devices(plan::Topology& t) {
+  constexpr size_t kProbe = 4 << 20;
   std::vector<double> trips, rates;
   for (const auto& lane : t.lanes) {
     if (lane.rank == 0) continue;
@@ -52,16 +53,9 @@ void check_remote_devices(plan::Topology& t) {
                 ": start every rank from the same installation");
     double best = 1e9;
     for (int k = 0; k < 8; ++k) best = std::min(best, rem->ping());
-    constexpr size_t kProbe = 4 << 20;
-    c10::Storage probe = runtime::allocate(kProbe);
-    const int64_t id = rem->next_id();
-    const auto t0 = std::chrono::steady_clock::now();
-    rem->put(id, probe);
-    rem->ping();
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rem->free({id});
+    const double took = rem->probe_bandwidth(kProbe);
     trips.push_back(best);
-    rates.push_back(kProbe / std::max(1e-6, took - best));
+    rates.push_back(static_cast<double>(kProbe) / std::max(1e-6, took - best));
   }
   if (trips.empty()) return;
   t.remote_call_s = *std::max_element(trips.begin(), trips.end());

@@ -99,12 +99,30 @@ struct Run {
   std::condition_variable cv;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   bool parallel = false;
-  // Lanes of other ranks: the id under which a worker keeps a value (the
-  // node that made it, or the leaf, its output, the rank), and per node
-  // whether its outputs were made there (res.values then holds stand-ins
-  // of their size, no bytes).
-  std::map<std::tuple<const void*, int, int>, int64_t> remote_ids;
-  std::vector<char> made_remote;
+  // Lanes of other ranks (remote.h): each runs as one program per run.
+  // Per output of a node run there, its slot in that program, and whether
+  // it comes back: 1 as soon as it is made (another lane reads it), 2 with
+  // the program's end (a result), 0 not (res.values holds a stand-in of
+  // its size, no bytes; the worker frees it after its last use).
+  std::vector<int64_t> remote_slot;
+  std::vector<char> exported;
+  struct RemoteLane {
+    int lane = 0;
+    std::shared_ptr<Remote> rem;
+    std::vector<int> steps;     // nodes, in the lane's order
+    std::vector<char> reported; // per step: its status is set
+    size_t cursor = 0;          // steps before it are reported
+    // Inputs made on other lanes, in the order the steps need them.
+    struct Later {
+      int64_t slot;
+      ir::Value v;
+      int producer;  // -1: a leaf
+    };
+    std::vector<Later> later;
+    bool sent = false, send_failed = false;
+    double sent_at = 0;  // when the program left (its steps' times count from here)
+  };
+  std::vector<std::unique_ptr<RemoteLane>> remote_lanes;
 
   ~Run() {
     for (const auto& c : copies) ir::release(c.second.bytes);
@@ -127,7 +145,6 @@ struct Run {
     is_root.assign(output_at[n], 0);
     events.resize(n);
     ends.resize(n);
-    made_remote.assign(n, 0);
     for (size_t i = 0; i < n; ++i) {
       const auto& ops = g.nodes[i]->operands;
       for (size_t k = 0; k < ops.size(); ++k) {
@@ -142,6 +159,18 @@ struct Run {
     for (const auto& r2 : g.roots) {
       const int d = g.find(r2.node.get());
       if (d >= 0) is_root[output_at[d] + r2.index] = 1;
+    }
+    bool remote = false;
+    for (size_t l = 0; l < p.lanes.size(); ++l) remote |= static_cast<bool>(places[l].remote);
+    if (remote) {
+      remote_slot.assign(output_at[n], -1);
+      exported.assign(output_at[n], 0);
+      for (size_t k = 0; k < exported.size(); ++k) exported[k] = is_root[k] ? 2 : 0;
+      for (size_t i = 0; i < n; ++i)
+        for (size_t k = 0; k < g.nodes[i]->operands.size(); ++k) {
+          const int d = producer[operand_at[i] + k];
+          if (d >= 0 && p.lane_of[d] != p.lane_of[i]) exported[output_at[d] + g.nodes[i]->operands[k].index] = 1;
+        }
     }
   }
 
@@ -200,6 +229,8 @@ struct Run {
     const int device = p.lanes[lane].device;
     c10::Storage src = res.values[d][v.index];
     if (p.lanes[src_lane].device == device) return src;
+    // Sent back by another rank's lane: already a copy in host memory.
+    if (places[src_lane].remote && src.device() == place.device) return src;
     auto key = std::make_tuple(d, v.index, device);
     auto [c, first] = copies.try_emplace(key);
     if (!first) {
@@ -212,35 +243,9 @@ struct Run {
       }
       return c->second.bytes;
     }
-    std::shared_ptr<Remote> from_rank;
-    int64_t from_id = 0;
-    if (made_remote[d]) {
-      from_rank = places[src_lane].remote;
-      from_id = remote_ids.at({g.nodes[d].get(), v.index, p.lanes[src_lane].rank});
-    }
     lock.unlock();
     Copy moved;
     moved.lane = lane;
-    if (from_rank) {
-      // Made on another rank: its bytes come back over the network.
-      try {
-        observers().before_transfer();
-        moved.bytes = from_rank->get(from_id, g.nodes[d]->outputs[v.index].nbytes);
-        if (moved.bytes.device() != place.device) moved.bytes = copy_to(moved.bytes, place.device, /*wait=*/true);
-      } catch (...) {
-        lock.lock();
-        c->second.done = true;
-        cv.notify_all();
-        throw;
-      }
-      observers().transferred(moved.bytes.nbytes());
-      ir::hold(moved.bytes);
-      moved.done = true;
-      lock.lock();
-      c->second = std::move(moved);
-      cv.notify_all();
-      return c->second.bytes;
-    }
     try {
       // A device-to-device copy is queued after the producer on its stream;
       // this lane's stream (current for its device) waits for the copy.
@@ -302,166 +307,304 @@ struct Run {
     return true;
   }
 
-  // Node i, as the worker of `lane` sees it: each operand under its id
-  // there (sent first where it is not there yet), and its outputs kept there
-  // under new ids. A node that cannot be sent (a constant that is not plain
-  // data) runs here instead, over its operands' bytes brought back.
-  void run_remote(int lane, int i) {
-    const ir::Node& node = *g.nodes[i];
-    Remote& rem = *places[lane].remote;
-    const int rank = p.lanes[lane].rank;
-    const bool here = !serializable(node);
-    std::unique_lock<std::mutex> lock(m);
-    if (parallel) {
-      cv.wait(lock, [&] {
-        for (int d : g.deps[i])
-          if (res.status[d] == Status::NotRun) return false;
-        return true;
-      });
-    }
-    std::vector<int64_t> ids(node.operands.size(), 0);
-    std::vector<c10::Storage> bytes(node.operands.size());  // operands not on the worker (all of them when `here`)
-    for (size_t k = 0; k < node.operands.size(); ++k) {
-      if (skip_if_missing(i, static_cast<int>(k))) return;
-      const ir::Value& v = node.operands[k];
-      const int d = producer[operand_at[i] + k];
-      const void* key = d >= 0 ? static_cast<const void*>(g.nodes[d].get()) : static_cast<const void*>(v.node.get());
-      auto it = remote_ids.find({key, v.index, rank});
-      if (it != remote_ids.end() && !here) {
-        ids[k] = it->second;
-        continue;
-      }
-      try {
-        if (it != remote_ids.end()) {
-          const int64_t id = it->second;
-          lock.unlock();
-          bytes[k] = rem.get(id, d >= 0 ? g.nodes[d]->outputs[v.index].nbytes : v.node->outputs[v.index].nbytes);
-          lock.lock();
-        } else if (d >= 0 && made_remote[d]) {
-          // On another rank: through this process.
-          const int src_lane = p.lane_of[d];
-          auto from = places[src_lane].remote;
-          const int64_t id = remote_ids.at({g.nodes[d].get(), v.index, p.lanes[src_lane].rank});
-          lock.unlock();
-          bytes[k] = from->get(id, g.nodes[d]->outputs[v.index].nbytes);
-          lock.lock();
-        } else if (d < 0) {
-          bytes[k] = leaf(*v.node, Place());
-        } else {
-          bytes[k] = res.values[d][v.index];
-          if (!bytes[k].device().is_cpu()) bytes[k] = copy_to(bytes[k], c10::Device(c10::kCPU), /*wait=*/true);
-        }
-      } catch (const std::exception& e) {
-        if (!lock.owns_lock()) lock.lock();
-        observers().node_failed();
-        fail(i, Status::Failed, std::current_exception(), message_of(e));
-        cv.notify_all();
-        return;
-      }
-      if (!here) {
-        ids[k] = rem.next_id();
-        remote_ids[{key, v.index, rank}] = ids[k];
-      }
-    }
-    lock.unlock();
-    NodeTiming timing;
-    timing.lane = lane;
-    timing.threads = thread_parallelism();
-    timing.start = now();
-    std::vector<int64_t> out_ids;
-    std::vector<c10::Storage> out;
-    std::exception_ptr error;
-    std::string message;
-    try {
-      if (here) {
-        observers().before_node(node);
-        out = run_node(node, std::move(bytes), p.reuse[i], Place());
-      } else {
-        for (size_t k = 0; k < bytes.size(); ++k) {
-          if (!bytes[k]) continue;
-          observers().before_transfer();
-          rem.put(ids[k], bytes[k]);
-          observers().transferred(bytes[k].nbytes());
-        }
-        observers().before_node(node);
-        for (size_t k = 0; k < node.outputs.size(); ++k) out_ids.push_back(rem.next_id());
-        rem.run(node, ids, p.reuse[i], out_ids);
-        observers().nodes_ran(1);
-        for (const auto& o : node.outputs) out.push_back(stand_in(o.nbytes));
-      }
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      message = message_of(e);
-    }
-    timing.end = now();
-    lock.lock();
-    res.timing[i] = timing;
-    if (error) {
-      observers().node_failed();
-      fail(i, Status::Failed, error, message);
-    } else {
-      for (const auto& o : out) ir::hold(o);
-      res.values[i] = std::move(out);
-      res.status[i] = Status::Ok;
-      if (!here) {
-        made_remote[i] = 1;
-        for (size_t k = 0; k < out_ids.size(); ++k) remote_ids[{g.nodes[i].get(), static_cast<int>(k), rank}] = out_ids[k];
-      }
-      release_operands(i);
-    }
-    lock.unlock();
-    if (parallel) cv.notify_all();
-  }
-
   // What res.values holds for a value kept on a worker: its size, no bytes.
   static c10::Storage stand_in(size_t nbytes) {
     return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
         c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr, false));
   }
+  static bool is_stand_in(const c10::Storage& s) { return s && s.device().type() == c10::kMeta; }
+
+  // Node i of a remote lane ran there (its exported outputs in `got`, by
+  // output index; the others stay there). Under the lock.
+  void remote_done(int i, std::vector<std::pair<int, c10::Storage>> got) {
+    const ir::Node& node = *g.nodes[i];
+    std::vector<c10::Storage> out;
+    for (const auto& o : node.outputs) out.push_back(stand_in(o.nbytes));
+    for (auto& [k, bytes] : got) {
+      TORCH_CHECK(k >= 0 && k < static_cast<int>(out.size()) && bytes.nbytes() == node.outputs[k].nbytes,
+                  "torch_mgpu: a worker sent back a value of the wrong size");
+      out[k] = std::move(bytes);
+    }
+    for (const auto& o : out) ir::hold(o);
+    res.values[i] = std::move(out);
+    res.status[i] = Status::Ok;
+    release_operands(i);
+  }
+
+  // Lane l's program: each node as data, each operand a slot of the
+  // program (made by an earlier step, or an input) or a value the worker
+  // keeps (a materialized leaf, sent once and kept from run to run).
+  std::string build_program(RemoteLane& rl, std::vector<c10::Storage>& blobs) {
+    const int l = rl.lane;
+    Remote& rem = *rl.rem;
+    std::vector<int64_t> dead;
+    std::vector<std::pair<int64_t, c10::Storage>> puts;
+    int64_t slots = 0;
+    std::map<std::pair<const void*, int>, int64_t> input_slot;
+    std::vector<std::pair<int64_t, size_t>> allocs;
+    Writer body;  // the steps, after the header below
+    body.put<uint32_t>(static_cast<uint32_t>(rl.steps.size()));
+    for (int i : rl.steps) {
+      const ir::Node& node = *g.nodes[i];
+      write_node(body, node);
+      body.put<uint32_t>(static_cast<uint32_t>(node.operands.size()));
+      for (size_t k = 0; k < node.operands.size(); ++k) {
+        const ir::Value& v = node.operands[k];
+        const int d = producer[operand_at[i] + k];
+        int64_t ref;
+        if (d >= 0 && p.lane_of[d] == l) {
+          ref = remote_slot[output_at[d] + v.index];
+        } else if (d < 0 && v.node->kind == ir::NodeKind::Data && v.node->data.device().is_cpu()) {
+          bool fresh = false;
+          const int64_t id = rem.resident(v.node, fresh, dead);
+          if (fresh) puts.emplace_back(id, v.node->data);
+          ref = -id;
+        } else {
+          const void* key = d >= 0 ? static_cast<const void*>(g.nodes[d].get()) : static_cast<const void*>(v.node.get());
+          auto [it, first] = input_slot.try_emplace({key, v.index}, slots);
+          if (first) {
+            // Uninitialized bytes are allocated there, not sent.
+            if (d < 0 && v.node->kind == ir::NodeKind::Empty) allocs.emplace_back(slots++, v.node->outputs[0].nbytes);
+            else rl.later.push_back({slots++, v, d});
+          }
+          ref = it->second;
+        }
+        body.put<int64_t>(ref);
+        body.put<uint8_t>(p.reuse[i][k] && ref >= 0);  // a kept value is never written in place
+      }
+      body.put<uint32_t>(static_cast<uint32_t>(node.outputs.size()));
+      for (size_t k = 0; k < node.outputs.size(); ++k) {
+        remote_slot[output_at[i] + k] = slots;
+        body.put<int64_t>(slots++);
+        body.put<uint8_t>(exported[output_at[i] + k]);
+      }
+    }
+    Writer w;
+    w.put<uint64_t>(dead.size());
+    for (auto id : dead) w.put<int64_t>(id);
+    w.put<uint32_t>(static_cast<uint32_t>(puts.size()));
+    for (auto& [id, bytes] : puts) {
+      w.put<int64_t>(id);
+      blobs.push_back(bytes);
+    }
+    w.put<uint32_t>(static_cast<uint32_t>(slots));
+    w.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
+    for (auto [slot, nbytes] : allocs) {
+      w.put<int64_t>(slot);
+      w.put<uint64_t>(nbytes);
+    }
+    w.bytes() += body.bytes();
+    return std::move(w.bytes());
+  }
+
+  // The sending half of a remote lane: its program, then the inputs other
+  // lanes make, each once its producer has run (or a word that it failed).
+  void send_remote_lane(RemoteLane& rl) noexcept {
+    try {
+      std::vector<c10::Storage> blobs;
+      std::string program;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        program = build_program(rl, blobs);
+      }
+      for (const auto& b : blobs) observers().transferred(b.nbytes());
+      {
+        std::lock_guard<std::mutex> lock(m);
+        rl.sent_at = now();
+      }
+      rl.rem->send(Msg::Exec, program, blobs);
+    } catch (const std::exception&) {
+      rl.rem->forget_residents();  // whatever it kept is unknown now
+      std::lock_guard<std::mutex> lock(m);
+      rl.send_failed = true;
+      for (size_t s = 0; s < rl.steps.size(); ++s)
+        if (!rl.reported[s] && res.status[rl.steps[s]] == Status::NotRun) {
+          rl.reported[s] = 1;
+          observers().node_failed();
+          fail(rl.steps[s], Status::Failed, std::current_exception(), message_of_current());
+        }
+      rl.sent = true;
+      cv.notify_all();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      rl.sent = true;
+    }
+    cv.notify_all();
+    for (const auto& in : rl.later) {
+      c10::Storage bytes;
+      std::string why;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        if (in.producer >= 0) cv.wait(lock, [&] { return res.status[in.producer] != Status::NotRun; });
+        try {
+          if (in.producer < 0) {
+            if (in.v.node->kind == ir::NodeKind::Error) why = in.v.node->error;
+            else bytes = leaf(*in.v.node, Place());
+          } else if (res.status[in.producer] == Status::Ok) {
+            bytes = res.values[in.producer][in.v.index];
+            if (!bytes.device().is_cpu()) bytes = copy_to(bytes, c10::Device(c10::kCPU), /*wait=*/true);
+          } else {
+            why = "lost";
+          }
+        } catch (const std::exception& e) {
+          why = message_of(e);
+          bytes = c10::Storage();
+        }
+      }
+      Writer w;
+      w.put<int64_t>(in.slot);
+      try {
+        if (bytes) {
+          observers().before_transfer();
+          rl.rem->send(Msg::Import, w.bytes(), {bytes});
+          observers().transferred(bytes.nbytes());
+        } else {
+          rl.rem->send(Msg::Missing, w.bytes(), {});
+        }
+      } catch (const std::exception&) {
+        return;  // the receiving half sees the rank fail
+      }
+    }
+  }
+
+  static std::string message_of_current() {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      return message_of(e);
+    } catch (...) {
+      return "unknown error";
+    }
+  }
+
+  // The receiving half: each step's exported outputs or error as it comes,
+  // then every step's status and times. A rank that stops answering fails
+  // the steps it had not reported, naming it.
+  void receive_remote_lane(RemoteLane& rl) noexcept {
+    {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return rl.sent; });
+      if (rl.send_failed) return;
+    }
+    try {
+      while (true) {
+        Msg kind{};
+        std::vector<c10::Storage> blobs;
+        std::string body = rl.rem->receive(kind, &blobs);
+        Reader r(body);
+        if (kind == Msg::End) {
+          std::lock_guard<std::mutex> lock(m);
+          std::vector<uint8_t> status(rl.steps.size());
+          std::vector<std::pair<double, double>> times(rl.steps.size());
+          for (size_t s = 0; s < rl.steps.size(); ++s) {
+            status[s] = r.get<uint8_t>();
+            times[s].first = r.get<double>();
+            times[s].second = r.get<double>();
+          }
+          // The results, each with its step and output.
+          std::map<uint32_t, std::vector<std::pair<int, c10::Storage>>> results;
+          for (auto& b : blobs) {
+            const auto s = r.get<uint32_t>();
+            const auto k = r.get<uint32_t>();
+            observers().transferred(b.nbytes());
+            results[s].emplace_back(static_cast<int>(k), std::move(b));
+          }
+          for (size_t s = 0; s < rl.steps.size(); ++s) {
+            const int i = rl.steps[s];
+            res.timing[i] = NodeTiming{rl.lane, rl.sent_at + times[s].first, rl.sent_at + times[s].second, 1};
+            if (rl.reported[s]) continue;
+            rl.reported[s] = 1;
+            if (status[s] == 1) remote_done(i, std::move(results[static_cast<uint32_t>(s)]));
+            else fail(i, Status::Skipped, nullptr, "");
+          }
+          cv.notify_all();
+          return;
+        }
+        const auto s = r.get<uint32_t>();
+        TORCH_CHECK(s < rl.steps.size(), "torch_mgpu: rank ", rl.rem->rank(), " reported step ", s, " of ",
+                    rl.steps.size());
+        const int i = rl.steps[s];
+        std::lock_guard<std::mutex> lock(m);
+        // Steps before it that reported nothing ran (a failed or skipped
+        // step says so at once) and keep their outputs there.
+        for (; rl.cursor < s; ++rl.cursor)
+          if (!rl.reported[rl.cursor]) {
+            rl.reported[rl.cursor] = 1;
+            remote_done(rl.steps[rl.cursor], {});
+          }
+        rl.reported[s] = 1;
+        if (kind == Msg::Skipped) {
+          fail(i, Status::Skipped, nullptr, "");
+        } else if (kind == Msg::Export) {
+          std::vector<std::pair<int, c10::Storage>> got;
+          for (auto& b : blobs) {
+            observers().transferred(b.nbytes());
+            got.emplace_back(static_cast<int>(r.get<uint32_t>()), std::move(b));
+          }
+          remote_done(i, std::move(got));
+        } else {
+          TORCH_CHECK(kind == Msg::Failed, "torch_mgpu: rank ", rl.rem->rank(), " sent message kind ",
+                      static_cast<uint32_t>(kind), " during a run");
+          std::string msg;
+          auto e = read_error(r, &msg);
+          observers().node_failed();
+          fail(i, Status::Failed, e, msg);
+        }
+        cv.notify_all();
+      }
+    } catch (const std::exception&) {
+      std::lock_guard<std::mutex> lock(m);
+      for (size_t s = 0; s < rl.steps.size(); ++s)
+        if (!rl.reported[s] && res.status[rl.steps[s]] == Status::NotRun) {
+          rl.reported[s] = 1;
+          observers().node_failed();
+          fail(rl.steps[s], Status::Failed, std::current_exception(), message_of_current());
+        }
+      cv.notify_all();
+    }
+  }
 
   // After the lanes: values made on workers and still held come back (the
   // results, and earlier versions that a failed in-place write leaves its
-  // storage with); the workers drop what this run left with them. A value
-  // that cannot be fetched (its rank is lost) fails its node.
+  // storage with); the workers drop the run's slots. A value that cannot
+  // be fetched (its rank is lost) fails its node.
   void finish_remote() {
-    std::map<int, std::shared_ptr<Remote>> used;
-    for (size_t l = 0; l < p.lanes.size() && l < places.size(); ++l)
-      if (places[l].remote && !p.lane_order[l].empty()) used[p.lanes[l].rank] = places[l].remote;
-    if (used.empty()) return;
-    for (size_t i = 0; i < g.size(); ++i) {
-      if (!made_remote[i]) continue;
-      const int rank = p.lanes[p.lane_of[i]].rank;
-      auto& vals = res.values[i];
-      for (size_t k = 0; k < vals.size(); ++k) {
-        if (!vals[k]) continue;
-        c10::Storage got;
-        if (res.status[i] == Status::Ok) {
-          try {
-            observers().before_transfer();
-            got = used.at(rank)->get(remote_ids.at({g.nodes[i].get(), static_cast<int>(k), rank}), vals[k].nbytes());
-            observers().transferred(got.nbytes());
-          } catch (const std::exception& e) {
-            observers().node_failed();
-            fail(i, Status::Failed, std::current_exception(), message_of(e));
+    // With no failure only the results matter, and they came back with
+    // each program's end: the rest was freed there.
+    const bool failed = static_cast<bool>(res.first_error);
+    for (const auto& rl : remote_lanes) {
+      for (int i : rl->steps) {
+        auto& vals = res.values[i];
+        for (size_t k = 0; k < vals.size(); ++k) {
+          if (!is_stand_in(vals[k])) continue;
+          c10::Storage got;
+          if (failed && res.status[i] == Status::Ok) {
+            try {
+              observers().before_transfer();
+              got = rl->rem->get(remote_slot[output_at[i] + k], vals[k].nbytes());
+              observers().transferred(got.nbytes());
+            } catch (const std::exception& e) {
+              observers().node_failed();
+              fail(i, Status::Failed, std::current_exception(), message_of(e));
+            }
           }
+          ir::release(vals[k]);
+          vals[k] = got;
+          if (got) ir::hold(got);
         }
-        ir::release(vals[k]);
-        vals[k] = got;
-        if (got) ir::hold(got);
+        if (res.status[i] != Status::Ok)
+          for (auto& v : vals) {
+            if (v) ir::release(v);
+            v = c10::Storage();
+          }
       }
-      if (res.status[i] != Status::Ok)
-        for (auto& v : vals) {
-          if (v) ir::release(v);
-          v = c10::Storage();
-        }
-    }
-    std::map<int, std::vector<int64_t>> by_rank;
-    for (const auto& [key, id] : remote_ids) by_rank[std::get<2>(key)].push_back(id);
-    for (auto& [rank, ids] : by_rank) {
+      if (!failed) continue;
       try {
-        used.count(rank) ? used[rank]->free(ids) : void();
+        rl->rem->free({});  // the slots it kept for these reads
       } catch (const std::exception&) {
-        // A lost rank keeps nothing to free.
+        // A lost rank keeps nothing.
       }
     }
   }
@@ -469,7 +612,6 @@ struct Run {
   void run_one(int lane, int i) {
     const ir::Node& node = *g.nodes[i];
     const Place& place = places[lane];
-    if (place.remote) return run_remote(lane, i);
     std::unique_lock<std::mutex> lock(m);
     if (parallel) {
       cv.wait(lock, [&] {
@@ -826,9 +968,20 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     Run run(g, p, places, res);
     res.started = run.t0;
     std::vector<int> busy;
-    for (size_t l = 0; l < p.lane_order.size(); ++l)
-      if (!p.lane_order[l].empty()) busy.push_back(static_cast<int>(l));
-    if (busy.size() <= 1) {
+    for (size_t l = 0; l < p.lane_order.size(); ++l) {
+      if (p.lane_order[l].empty()) continue;
+      if (places[l].remote) {
+        auto rl = std::make_unique<Run::RemoteLane>();
+        rl->lane = static_cast<int>(l);
+        rl->rem = places[l].remote;
+        rl->steps = p.lane_order[l];
+        rl->reported.assign(rl->steps.size(), 0);
+        run.remote_lanes.push_back(std::move(rl));
+      } else {
+        busy.push_back(static_cast<int>(l));
+      }
+    }
+    if (busy.size() <= 1 && run.remote_lanes.empty()) {
       // One lane: run on the calling thread with all its intra-op threads.
       for (int l : busy) run.run_lane(l);
     } else {
@@ -840,6 +993,13 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
           at::ThreadLocalStateGuard guard(tls);
           run.run_lane(l);
         });
+      // A remote lane: one thread sends its program and inputs, one
+      // receives what it sends back.
+      for (auto& rl : run.remote_lanes) {
+        auto* lane = rl.get();
+        jobs.emplace_back([&run, lane] { run.send_remote_lane(*lane); });
+        jobs.emplace_back([&run, lane] { run.receive_remote_lane(*lane); });
+      }
       LanePool::instance().run(jobs, p.threads_per_lane);
     }
     run.finish_remote();

@@ -19,12 +19,9 @@ namespace torch_mgpu::runtime {
 
 namespace {
 
-constexpr int kToWorker = 0x6d67;    // c10d tags: requests
-constexpr int kToController = 0x6d68;  // answers
+constexpr int kToWorker = 0x6d67;      // c10d tags: the controller's messages
+constexpr int kToController = 0x6d68;  // the worker's
 constexpr size_t kHeader = 4096;
-constexpr uint32_t kMaxBlobs = 64;  // per message; larger batches are split
-
-enum Kind : uint32_t { Hello = 1, Ping, Put, Run, Get, Free, Bye, Ok, Failed };
 
 // Error classes that cross: the worker's kernel raised one, the
 // controller raises the same.
@@ -40,69 +37,88 @@ std::chrono::milliseconds timeout() {
   return t;
 }
 
-at::Tensor bytes_of(const c10::Storage& s) {
-  return at::from_blob(s.mutable_data(), {static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
-}
 
-// One message over c10d: header, body beyond the header, blobs.
-void send_message(c10d::Backend& b, int peer, int tag, uint32_t kind, const std::string& body,
+// One message: a fixed-size header (kind, the frame's length) and, when the
+// frame does not fit in it, one more send with all of it. The frame holds
+// the blobs' sizes, the body and the blobs' bytes: two sends at most per
+// message, whatever it carries (each send costs the transport a wake-up
+// on both sides; copying the bytes once costs less).
+void send_message(c10d::Backend& b, int peer, int tag, Msg kind, const std::string& body,
                   const std::vector<c10::Storage>& blobs) {
-  TORCH_INTERNAL_ASSERT(blobs.size() <= kMaxBlobs);
-  at::Tensor head = at::zeros({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
-  Writer w;
-  w.put<uint32_t>(kind);
-  w.put<uint32_t>(static_cast<uint32_t>(blobs.size()));
-  w.put<uint64_t>(body.size());
-  for (const auto& s : blobs) w.put<uint64_t>(s.nbytes());
-  const size_t room = kHeader - w.bytes().size();
-  const bool inline_body = body.size() <= room;
-  if (inline_body) w.bytes() += body;
-  std::memcpy(head.data_ptr(), w.bytes().data(), w.bytes().size());
+  constexpr size_t room = kHeader - 16;
+  size_t frame_len = 8 + 8 * blobs.size() + body.size();
+  for (const auto& s : blobs) frame_len += s.nbytes();
+  const bool inline_frame = frame_len <= room;
+  at::Tensor head = at::empty({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor rest;
+  char* out = static_cast<char*>(head.data_ptr());
+  auto put = [&](const void* p, size_t n) {
+    if (n) std::memcpy(out, p, n);
+    out += n;
+  };
+  const uint32_t words[2] = {static_cast<uint32_t>(kind), 0};
+  put(words, sizeof(words));
+  const uint64_t len = frame_len;
+  put(&len, 8);
+  if (!inline_frame) {
+    rest = at::empty({static_cast<int64_t>(frame_len)}, at::TensorOptions().dtype(at::kByte));
+    out = static_cast<char*>(rest.data_ptr());
+  }
+  const uint64_t count = blobs.size();
+  put(&count, 8);
+  for (const auto& s : blobs) {
+    const uint64_t n = s.nbytes();
+    put(&n, 8);
+  }
+  put(body.data(), body.size());
+  for (const auto& s : blobs) put(s.data(), s.nbytes());
   std::vector<at::Tensor> t{head};
   b.send(t, peer, tag)->wait(timeout());
-  if (!inline_body) {
-    std::vector<at::Tensor> rest{at::from_blob(const_cast<char*>(body.data()), {static_cast<int64_t>(body.size())},
-                                               at::TensorOptions().dtype(at::kByte))};
-    b.send(rest, peer, tag)->wait(timeout());
-  }
-  for (const auto& s : blobs) {
-    if (s.nbytes() == 0) continue;
-    std::vector<at::Tensor> one{bytes_of(s)};
-    b.send(one, peer, tag)->wait(timeout());
+  if (!inline_frame) {
+    std::vector<at::Tensor> r{rest};
+    b.send(r, peer, tag)->wait(timeout());
   }
 }
 
-std::string receive_message(c10d::Backend& b, int peer, int tag, uint32_t& kind, std::vector<c10::Storage>* blobs,
+std::string receive_message(c10d::Backend& b, int peer, int tag, Msg& kind, std::vector<c10::Storage>* blobs,
                             std::chrono::milliseconds wait_for) {
   at::Tensor head = at::empty({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
   std::vector<at::Tensor> t{head};
   b.recv(t, peer, tag)->wait(wait_for);
-  Reader r(static_cast<const char*>(head.data_ptr()), kHeader);
-  kind = r.get<uint32_t>();
-  const auto count = r.get<uint32_t>();
-  TORCH_CHECK(count <= kMaxBlobs, "torch_mgpu: a remote message announces ", count, " blobs");
-  const auto body_len = r.get<uint64_t>();
-  std::vector<uint64_t> sizes(count);
-  for (auto& s : sizes) s = r.get<uint64_t>();
-  const size_t used = 16 + 8 * count;
-  std::string body;
-  if (body_len <= kHeader - used) {
-    body.assign(static_cast<const char*>(head.data_ptr()) + used, body_len);
-  } else {
-    body.resize(body_len);
-    std::vector<at::Tensor> rest{at::from_blob(static_cast<void*>(body.data()), {static_cast<int64_t>(body_len)},
-                                               at::TensorOptions().dtype(at::kByte))};
-    b.recv(rest, peer, tag)->wait(timeout());
+  const char* h = static_cast<const char*>(head.data_ptr());
+  Reader r(h, kHeader);
+  kind = static_cast<Msg>(r.get<uint32_t>());
+  r.get<uint32_t>();
+  const auto frame_len = r.get<uint64_t>();
+  at::Tensor rest;
+  const char* frame = h + 16;
+  if (frame_len > kHeader - 16) {
+    rest = at::empty({static_cast<int64_t>(frame_len)}, at::TensorOptions().dtype(at::kByte));
+    std::vector<at::Tensor> more{rest};
+    b.recv(more, peer, tag)->wait(timeout());
+    frame = static_cast<const char*>(rest.data_ptr());
   }
+  Reader fr(frame, frame_len);
+  const auto count = fr.get<uint64_t>();
+  TORCH_CHECK(count <= frame_len / 8, "torch_mgpu: a remote message announces ", count, " blobs");
+  std::vector<uint64_t> sizes(count);
+  uint64_t blob_bytes = 0;
+  for (auto& n : sizes) {
+    n = fr.get<uint64_t>();
+    TORCH_CHECK(n <= frame_len, "torch_mgpu: a remote message's blob overruns it");
+    blob_bytes += n;
+  }
+  const size_t at = 8 + 8 * count;
+  TORCH_CHECK(at + blob_bytes <= frame_len, "torch_mgpu: a remote message's blobs overrun it");
+  const size_t body_len = frame_len - at - blob_bytes;
+  const char* p = frame + at + body_len;
   for (auto n : sizes) {
     c10::Storage s = allocate(n);
-    if (n > 0) {
-      std::vector<at::Tensor> one{bytes_of(s)};
-      b.recv(one, peer, tag)->wait(timeout());
-    }
+    if (n) std::memcpy(s.mutable_data(), p, n);
+    p += n;
     if (blobs) blobs->push_back(std::move(s));
   }
-  return body;
+  return std::string(frame + at, body_len);
 }
 
 std::string error_text(const std::exception& e) {
@@ -135,6 +151,17 @@ ErrorClass class_of(const std::exception& e) {
 
 } // namespace
 
+std::exception_ptr read_error(Reader& r, std::string* message) {
+  const auto c = r.get<ErrorClass>();
+  std::string msg(r.get_bytes());
+  if (message) *message = msg;
+  try {
+    raise_as(c, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
 std::string wire_version() {
   if (const char* fake = std::getenv("TORCH_MGPU_WIRE_VERSION")) return fake;  // tests: a mismatched worker
   return "torch_mgpu 0.1.0 wire 1";
@@ -165,7 +192,8 @@ void Remote::lose(const std::string& what, const std::exception& e) {
   TORCH_CHECK(false, "torch_mgpu: rank ", rank_, " stopped answering (", lost_reason(), ")");
 }
 
-void Remote::send(uint32_t kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
+void Remote::send(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
+  check_alive();
   try {
     send_message(*backend_, rank_, kToWorker, kind, body, blobs);
   } catch (const std::exception& e) {
@@ -173,21 +201,22 @@ void Remote::send(uint32_t kind, const std::string& body, const std::vector<c10:
   }
 }
 
-std::string Remote::receive(uint32_t& kind, std::vector<c10::Storage>* blobs) {
+std::string Remote::receive(Msg& kind, std::vector<c10::Storage>* blobs) {
+  check_alive();
   try {
     return receive_message(*backend_, rank_, kToController, kind, blobs, timeout());
   } catch (const std::exception& e) {
-    lose("waiting for its answer", e);
+    lose("waiting for it", e);
   }
 }
 
 WorkerInfo Remote::hello() {
-  check_alive();
   std::lock_guard<std::mutex> lock(m_);
-  send(Hello, "", {});
-  uint32_t kind = 0;
+  send(Msg::Hello, "", {});
+  Msg kind{};
   std::string body = receive(kind, nullptr);
-  TORCH_CHECK(kind == Ok, "torch_mgpu: rank ", rank_, " answered a greeting with message kind ", kind);
+  TORCH_CHECK(kind == Msg::Ok, "torch_mgpu: rank ", rank_, " answered a greeting with message kind ",
+              static_cast<uint32_t>(kind));
   Reader r(body);
   WorkerInfo info;
   info.version = std::string(r.get_bytes());
@@ -198,85 +227,106 @@ WorkerInfo Remote::hello() {
 }
 
 double Remote::ping() {
-  check_alive();
   std::lock_guard<std::mutex> lock(m_);
   const auto t0 = std::chrono::steady_clock::now();
-  send(Ping, "", {});
-  uint32_t kind = 0;
+  send(Msg::Ping, "", {});
+  Msg kind{};
   receive(kind, nullptr);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void Remote::put(int64_t id, const c10::Storage& bytes) {
-  check_alive();
-  TORCH_INTERNAL_ASSERT(bytes.device().is_cpu(), "torch_mgpu: bytes sent to a worker must be in host memory");
-  Writer w;
-  w.put<int64_t>(id);
-  std::lock_guard<std::mutex> lock(m_);
-  send(Put, w.bytes(), {bytes});
-}
-
-void Remote::run(const ir::Node& n, const std::vector<int64_t>& operands, const std::vector<bool>& reuse,
-                 const std::vector<int64_t>& outputs) {
-  check_alive();
-  Writer w;
-  write_node(w, n);
-  w.put<uint32_t>(static_cast<uint32_t>(operands.size()));
-  for (size_t k = 0; k < operands.size(); ++k) {
-    w.put<int64_t>(operands[k]);
-    w.put<uint8_t>(k < reuse.size() && reuse[k]);
-  }
-  w.put<uint32_t>(static_cast<uint32_t>(outputs.size()));
-  for (auto id : outputs) w.put<int64_t>(id);
-  std::string body;
-  uint32_t kind = 0;
-  {
-    std::lock_guard<std::mutex> lock(m_);
-    send(Run, w.bytes(), {});
-    body = receive(kind, nullptr);
-  }
-  if (kind == Ok) return;
-  TORCH_CHECK(kind == Failed, "torch_mgpu: rank ", rank_, " answered a node with message kind ", kind);
-  Reader r(body);
-  auto c = r.get<ErrorClass>();
-  raise_as(c, std::string(r.get_bytes()));
-}
-
 c10::Storage Remote::get(int64_t id, size_t nbytes) {
-  check_alive();
   Writer w;
   w.put<int64_t>(id);
   std::vector<c10::Storage> blobs;
-  uint32_t kind = 0;
+  Msg kind{};
   std::string body;
   {
     std::lock_guard<std::mutex> lock(m_);
-    send(Get, w.bytes(), {});
+    send(Msg::Get, w.bytes(), {});
     body = receive(kind, &blobs);
   }
-  if (kind == Failed) {
+  if (kind == Msg::Failed) {
     Reader r(body);
     auto c = r.get<ErrorClass>();
     raise_as(c, std::string(r.get_bytes()));
   }
-  TORCH_CHECK(kind == Ok && blobs.size() == 1 && blobs[0].nbytes() == nbytes, "torch_mgpu: rank ", rank_,
+  TORCH_CHECK(kind == Msg::Ok && blobs.size() == 1 && blobs[0].nbytes() == nbytes, "torch_mgpu: rank ", rank_,
               " answered a request for ", nbytes, " bytes with something else");
   return blobs[0];
 }
 
 void Remote::free(const std::vector<int64_t>& ids) {
-  if (ids.empty() || lost()) return;
+  if (lost()) return;
   Writer w;
   w.put<uint64_t>(ids.size());
-  for (auto id : ids) w.put<int64_t>(id);
+  for (auto id : ids) w.put<int64_t>(-id);
   std::lock_guard<std::mutex> lock(m_);
-  send(Free, w.bytes(), {});
+  send(Msg::Free, w.bytes(), {});
+}
+
+double Remote::probe_bandwidth(size_t nbytes) {
+  c10::Storage probe = allocate(nbytes);
+  std::memset(probe.mutable_data(), 0, nbytes);
+  const int64_t id = next_id();
+  Writer w;
+  w.put<uint64_t>(0);   // nothing to drop
+  w.put<uint32_t>(1);   // one value to keep
+  w.put<int64_t>(id);
+  w.put<uint32_t>(0);   // no slots
+  w.put<uint32_t>(0);   // no allocations
+  w.put<uint32_t>(0);   // no steps
+  std::lock_guard<std::mutex> lock(m_);
+  const auto t0 = std::chrono::steady_clock::now();
+  send(Msg::Exec, w.bytes(), {probe});
+  Msg kind{};
+  receive(kind, nullptr);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  TORCH_CHECK(kind == Msg::End, "torch_mgpu: rank ", rank_, " answered a probe with message kind ",
+              static_cast<uint32_t>(kind));
+  Writer f;
+  f.put<uint64_t>(1);
+  f.put<int64_t>(-id);
+  send(Msg::Free, f.bytes(), {});
+  return took;
 }
 
 void Remote::bye() {
   if (lost()) return;
   std::lock_guard<std::mutex> lock(m_);
-  send(Bye, "", {});
+  send(Msg::Bye, "", {});
+}
+
+int64_t Remote::resident(const ir::NodePtr& leaf, bool& fresh, std::vector<int64_t>& dead) {
+  std::lock_guard<std::mutex> lock(residents_m_);
+  if (residents_.size() > 64) {  // now and then: the leaves that died since
+    for (auto it = residents_.begin(); it != residents_.end();) {
+      if (it->second.first.expired()) {
+        dead.push_back(it->second.second);
+        it = residents_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  auto it = residents_.find(leaf.get());
+  if (it != residents_.end()) {
+    if (it->second.first.lock() == leaf) {
+      fresh = false;
+      return it->second.second;
+    }
+    dead.push_back(it->second.second);  // another node at a dead one's address
+    residents_.erase(it);
+  }
+  fresh = true;
+  const int64_t id = next_id();
+  residents_.emplace(leaf.get(), std::make_pair(std::weak_ptr<ir::Node>(leaf), id));
+  return id;
+}
+
+void Remote::forget_residents() {
+  std::lock_guard<std::mutex> lock(residents_m_);
+  residents_.clear();
 }
 
 namespace {
@@ -342,27 +392,209 @@ void release_workers() {
   }
 }
 
-bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
-  auto backend = pg->getBackend(c10::DeviceType::CPU);
+namespace {
+
+// A worker's side: the values it keeps between runs (by id), and the slots
+// of the program it ran last (kept until the controller has read what it
+// needs of them).
+struct Worker {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::Backend> backend;
   std::unordered_map<int64_t, c10::Storage> store;
-  auto answer = [&](uint32_t kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
+  std::vector<c10::Storage> slots;
+
+  void answer(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
     send_message(*backend, 0, kToController, kind, body, blobs);
-  };
-  auto failed = [&](const std::exception& e) {
-    Writer w;
+  }
+  static void write_error(Writer& w, const std::exception& e) {
     w.put(class_of(e));
     w.put_string(error_text(e));
-    answer(Failed, w.bytes(), {});
+  }
+  c10::Storage& value(int64_t ref) {
+    if (ref >= 0) {
+      TORCH_CHECK(static_cast<size_t>(ref) < slots.size() && slots[ref], "torch_mgpu: slot ", ref,
+                  " of the last run is not on rank ", pg->getRank());
+      return slots[ref];
+    }
+    auto it = store.find(-ref);
+    TORCH_CHECK(it != store.end(), "torch_mgpu: value ", -ref, " is not on rank ", pg->getRank());
+    return it->second;
+  }
+
+  struct Step {
+    ir::NodePtr node;
+    std::vector<int64_t> refs;
+    std::vector<bool> reuse;
+    std::vector<int64_t> outs;
+    std::vector<char> exported;
   };
+
+  // A lane's program: its inputs come with it or after it (Import /
+  // Missing, in the order its steps need them); each step's exported
+  // outputs go back as soon as it has run, and its error if it fails; End
+  // gives every step's status and times.
+  void exec(Reader& r, std::vector<c10::Storage>& blobs) {
+    size_t b = 0;
+    const auto dead = r.get<uint64_t>();
+    for (uint64_t k = 0; k < dead; ++k) store.erase(r.get<int64_t>());
+    const auto puts = r.get<uint32_t>();
+    for (uint32_t k = 0; k < puts; ++k) store[r.get<int64_t>()] = blobs.at(b++);
+    slots.assign(r.get<uint32_t>(), c10::Storage());
+    enum : char { Absent, Present, Lost };
+    std::vector<char> state(slots.size(), Absent);
+    const auto allocs = r.get<uint32_t>();
+    for (uint32_t k = 0; k < allocs; ++k) {
+      const auto slot = r.get<int64_t>();
+      const auto nbytes = r.get<uint64_t>();
+      TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an allocation for slot ", slot,
+                  " of ", slots.size());
+      slots[slot] = allocate(nbytes);
+      state[slot] = Present;
+    }
+    std::vector<Step> steps(r.get<uint32_t>());
+    for (auto& st : steps) {
+      st.node = read_node(r);
+      const auto n = r.get<uint32_t>();
+      for (uint32_t k = 0; k < n; ++k) {
+        st.refs.push_back(r.get<int64_t>());
+        st.reuse.push_back(r.get<uint8_t>() != 0);
+        TORCH_CHECK(st.refs.back() < static_cast<int64_t>(slots.size()), "torch_mgpu: a step reads slot ",
+                    st.refs.back(), " of ", slots.size());
+      }
+      const auto outs = r.get<uint32_t>();
+      TORCH_CHECK(outs == st.node->outputs.size(), "torch_mgpu: a node with ", st.node->outputs.size(),
+                  " outputs was sent with ", outs, " output slots");
+      for (uint32_t k = 0; k < outs; ++k) {
+        st.outs.push_back(r.get<int64_t>());
+        st.exported.push_back(static_cast<char>(r.get<uint8_t>()));
+        TORCH_CHECK(st.outs.back() >= 0 && st.outs.back() < static_cast<int64_t>(slots.size()),
+                    "torch_mgpu: a step writes slot ", st.outs.back(), " of ", slots.size());
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    // Waits for the controller's next input of this run.
+    auto next_input = [&] {
+      Msg kind{};
+      std::vector<c10::Storage> got;
+      std::string body = receive_message(*backend, 0, kToWorker, kind, &got, timeout());
+      Reader ir(body);
+      const auto slot = ir.get<int64_t>();
+      TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an input for slot ", slot,
+                  " of ", slots.size());
+      if (kind == Msg::Import) {
+        slots[slot] = got.at(0);
+        state[slot] = Present;
+      } else {
+        TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: message kind ", static_cast<uint32_t>(kind),
+                    " came while a program ran");
+        state[slot] = Lost;
+      }
+    };
+    // Each run slot's last reader: it is freed after it, unless it is a
+    // result (sent with End). A failure keeps every slot, for the reads
+    // the controller then makes.
+    std::vector<int64_t> last_use(slots.size(), -1);
+    std::vector<char> result(slots.size(), 0);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      for (auto ref : steps[s].refs)
+        if (ref >= 0) last_use[ref] = static_cast<int64_t>(s);
+      for (size_t k = 0; k < steps[s].outs.size(); ++k)
+        if (steps[s].exported[k] == 2) result[steps[s].outs[k]] = 1;
+    }
+    bool any_failed = false;
+    std::vector<c10::Storage> results;
+    Writer result_ids;
+    Writer end;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      Step& st = steps[s];
+      const double start = now();
+      uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
+      std::vector<c10::Storage> operands;
+      for (auto ref : st.refs) {
+        if (ref >= 0) {
+          while (state[ref] == Absent) next_input();
+          if (state[ref] == Lost) {
+            status = 3;
+            break;
+          }
+        }
+        operands.push_back(value(ref));
+      }
+      if (status == 1) {
+        try {
+          std::vector<c10::Storage> out;
+          {
+            ir::CallStateGuard settings(st.node->state);
+            out = run_node(*st.node, std::move(operands), st.reuse, Place());
+          }
+          std::vector<c10::Storage> sent;
+          Writer w;
+          w.put<uint32_t>(static_cast<uint32_t>(s));
+          for (size_t k = 0; k < out.size(); ++k) {
+            slots[st.outs[k]] = out[k];
+            state[st.outs[k]] = Present;
+            if (st.exported[k] == 1) {
+              w.put<uint32_t>(static_cast<uint32_t>(k));
+              sent.push_back(out[k]);
+            } else if (st.exported[k] == 2) {
+              result_ids.put<uint32_t>(static_cast<uint32_t>(s));
+              result_ids.put<uint32_t>(static_cast<uint32_t>(k));
+              results.push_back(out[k]);
+            }
+          }
+          if (!sent.empty()) answer(Msg::Export, w.bytes(), sent);
+        } catch (const c10::DistError&) {
+          throw;  // the connection, not the op
+        } catch (const std::exception& e) {
+          status = 2;
+          Writer w;
+          w.put<uint32_t>(static_cast<uint32_t>(s));
+          write_error(w, e);
+          answer(Msg::Failed, w.bytes(), {});
+        }
+      }
+      if (status == 3) {
+        Writer w;
+        w.put<uint32_t>(static_cast<uint32_t>(s));
+        answer(Msg::Skipped, w.bytes(), {});
+      }
+      if (status != 1) {
+        any_failed = true;
+        for (auto o : st.outs) state[o] = Lost;
+      }
+      if (!any_failed) {
+        for (auto ref : st.refs)
+          if (ref >= 0 && last_use[ref] == static_cast<int64_t>(s) && !result[ref]) slots[ref] = c10::Storage();
+        for (auto o : st.outs)
+          if (last_use[o] < 0 && !result[o]) slots[o] = c10::Storage();
+      }
+      ir::mark_executed(*st.node);
+      end.put<uint8_t>(status);
+      end.put<double>(start);
+      end.put<double>(now());
+    }
+    end.bytes() += result_ids.bytes();
+    answer(Msg::End, end.bytes(), results);
+    if (!any_failed) slots.clear();
+  }
+};
+
+} // namespace
+
+bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
+  Worker wk;
+  wk.pg = pg;
+  wk.backend = pg->getBackend(c10::DeviceType::CPU);
   // Waiting for the next request is not bounded: a controller may be idle
   // for long. Its death closes the connection, which ends the wait.
   const auto forever = std::chrono::milliseconds(std::numeric_limits<int32_t>::max());
   while (true) {
-    uint32_t kind = 0;
+    Msg kind{};
     std::string body;
     std::vector<c10::Storage> blobs;
     try {
-      body = receive_message(*backend, 0, kToWorker, kind, &blobs, forever);
+      body = receive_message(*wk.backend, 0, kToWorker, kind, &blobs, forever);
     } catch (const std::exception& e) {
       if (why) *why = "the controller (rank 0) went away: " + error_text(e);
       return false;
@@ -370,7 +602,7 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
     try {
       Reader r(body);
       switch (kind) {
-        case Hello: {
+        case Msg::Hello: {
           Writer w;
           w.put_string(wire_version());
           w.put_string(torch_version());
@@ -378,62 +610,35 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
           gethostname(host, sizeof(host) - 1);
           w.put_string(host);
           w.put<int32_t>(at::get_num_threads());
-          answer(Ok, w.bytes(), {});
+          wk.answer(Msg::Ok, w.bytes(), {});
           break;
         }
-        case Ping: answer(Ok, "", {}); break;
-        case Put: store[r.get<int64_t>()] = blobs.at(0); break;
-        case Free: {
+        case Msg::Ping: wk.answer(Msg::Ok, "", {}); break;
+        case Msg::Free: {
           const auto n = r.get<uint64_t>();
-          for (uint64_t k = 0; k < n; ++k) store.erase(r.get<int64_t>());
+          for (uint64_t k = 0; k < n; ++k) {
+            const auto id = r.get<int64_t>();
+            if (id < 0) wk.store.erase(-id);
+          }
+          wk.slots.clear();
           break;
         }
-        case Get: {
-          const auto id = r.get<int64_t>();
-          auto it = store.find(id);
-          if (it == store.end()) {
-            try {
-              TORCH_CHECK(false, "torch_mgpu: value ", id, " is not on rank ", pg->getRank());
-            } catch (const std::exception& e) {
-              failed(e);
-            }
+        case Msg::Get: {
+          c10::Storage found;
+          try {
+            found = wk.value(r.get<int64_t>());
+          } catch (const std::exception& e) {
+            Writer w;
+            Worker::write_error(w, e);
+            wk.answer(Msg::Failed, w.bytes(), {});
             break;
           }
-          answer(Ok, "", {it->second});
+          wk.answer(Msg::Ok, "", {found});
           break;
         }
-        case Run: {
-          try {
-            ir::NodePtr n = read_node(r);
-            const auto count = r.get<uint32_t>();
-            std::vector<c10::Storage> operands;
-            std::vector<bool> reuse;
-            for (uint32_t k = 0; k < count; ++k) {
-              const auto id = r.get<int64_t>();
-              reuse.push_back(r.get<uint8_t>() != 0);
-              auto it = store.find(id);
-              TORCH_CHECK(it != store.end(), "torch_mgpu: value ", id, " is not on rank ", pg->getRank());
-              operands.push_back(it->second);
-            }
-            std::vector<int64_t> out_ids(r.get<uint32_t>());
-            for (auto& id : out_ids) id = r.get<int64_t>();
-            TORCH_CHECK(out_ids.size() == n->outputs.size(), "torch_mgpu: a node with ", n->outputs.size(),
-                        " outputs was sent with ", out_ids.size(), " output ids");
-            std::vector<c10::Storage> out;
-            {
-              ir::CallStateGuard settings(n->state);
-              out = run_node(*n, std::move(operands), reuse, Place());
-            }
-            ir::mark_executed(*n);
-            for (size_t k = 0; k < out.size(); ++k) store[out_ids[k]] = out[k];
-            answer(Ok, "", {});
-          } catch (const std::exception& e) {
-            failed(e);
-          }
-          break;
-        }
-        case Bye: return true;
-        default: TORCH_CHECK(false, "torch_mgpu: unknown request kind ", kind);
+        case Msg::Exec: wk.exec(r, blobs); break;
+        case Msg::Bye: return true;
+        default: TORCH_CHECK(false, "torch_mgpu: unknown request kind ", static_cast<uint32_t>(kind));
       }
     } catch (const std::exception& e) {
       if (why) *why = "serving rank 0 failed: " + error_text(e);

@@ -16,6 +16,7 @@
 // configure() refuses it until a new process group brings it back. A worker
 // whose controller goes away returns from serve().
 #include "ir/node.h"
+#include "runtime/serialize.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -23,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch_mgpu::runtime {
@@ -39,6 +41,19 @@ struct WorkerInfo {
 std::string wire_version();
 std::string torch_version();
 
+// Messages between the controller and a worker.
+enum class Msg : uint32_t {
+  Hello = 1, Ping, Get, Free, Bye,  // requests (Get, Hello and Ping are answered)
+  Exec,      // a lane's program for one run, with the inputs ready now
+  Import,    // an input of the running program, made since on another lane
+  Missing,   // an input that will not come (its op failed)
+  Ok,        // answers
+  Failed,    // an answer's error, or a program step's (class, message)
+  Export,    // a program step's outputs that other lanes read
+  End,       // the program ran: each step's status and times
+  Skipped,   // a program step did not run (an input was lost)
+};
+
 class Remote {
  public:
   Remote(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank);
@@ -48,41 +63,53 @@ class Remote {
   WorkerInfo hello();
   // Seconds for one empty request and its answer.
   double ping();
-  // Sends `bytes` (host memory); the worker keeps them under `id`.
-  void put(int64_t id, const c10::Storage& bytes);
-  // Runs `n` on the worker over the bytes of `operands` (ids), keeping its
-  // outputs under `outputs` (ids, one per node output). Raises the node's
-  // error as the worker's kernel raised it (same class, same message).
-  void run(const ir::Node& n, const std::vector<int64_t>& operands, const std::vector<bool>& reuse,
-           const std::vector<int64_t>& outputs);
-  // The bytes kept under `id` (`nbytes` of them), in host memory.
-  c10::Storage get(int64_t id, size_t nbytes);
-  // Drops the bytes kept under `ids`.
+  // The bytes of slot `ref` of the last program (ref >= 0) or of the
+  // value kept under id -ref, in host memory (`nbytes` of them).
+  c10::Storage get(int64_t ref, size_t nbytes);
+  // Drops the last program's slots and the values kept under `ids`.
   void free(const std::vector<int64_t>& ids);
+  // Seconds to send `nbytes` and hear back (a program of no steps with
+  // one input, dropped after).
+  double probe_bandwidth(size_t nbytes);
   // Asks the worker to stop serving (the controller is done).
   void bye();
 
+  // A running program's traffic: the lane's thread sends, a receiver
+  // thread receives (no request waits for an answer meanwhile).
+  void send(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs);
+  std::string receive(Msg& kind, std::vector<c10::Storage>* blobs);
+
+  // Materialized values kept on the worker from one run to the next (a
+  // model's weights, a database): the id of `leaf`'s bytes there, and
+  // whether they still have to be sent (`fresh`). Ids of leaves that died
+  // since are handed to `dead` (the worker drops them).
+  int64_t resident(const ir::NodePtr& leaf, bool& fresh, std::vector<int64_t>& dead);
+  // Forgets the residents (a run that sent them failed part-way).
+  void forget_residents();
+
   bool lost() const { return lost_.load(); }
   std::string lost_reason() const;
+  void check_alive() const;
   // A fresh id for bytes on this worker.
   int64_t next_id() { return next_id_.fetch_add(1); }
 
  private:
-  struct Reply;
-  void send(uint32_t kind, const std::string& body, const std::vector<c10::Storage>& blobs);
-  std::string receive(uint32_t& kind, std::vector<c10::Storage>* blobs);
   [[noreturn]] void lose(const std::string& what, const std::exception& e);
-  void check_alive() const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_;
-  std::mutex m_;  // one request and its answer at a time
+  std::mutex m_;       // one request and its answer at a time; a program's sends
   std::atomic<bool> lost_{false};
   mutable std::mutex reason_m_;
   std::string reason_;
   std::atomic<int64_t> next_id_{1};
+  std::mutex residents_m_;
+  std::unordered_map<const ir::Node*, std::pair<std::weak_ptr<ir::Node>, int64_t>> residents_;
 };
+
+// The error a worker sent (its class and message), to raise here.
+std::exception_ptr read_error(Reader& r, std::string* message);
 
 // The process group remote lanes use (set by configure's Python side, or
 // by a C++ program); none until set.

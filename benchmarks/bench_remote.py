@@ -1,0 +1,131 @@
+"""Lanes on other ranks: two processes on this machine over loopback Gloo,
+one intra-op thread each (the issue's setting), against one process.
+
+    python benchmarks/bench_remote.py [--reps N]
+
+Starts a worker (`python -m torch_mgpu.worker`, rank 1) and measures, in one
+run and round-robin: eager with one thread (one rank), mgpu with two lanes
+in one process (two threads), mgpu on this process's lane and the worker's
+(`["cpu", "rank1:cpu"]`), and the per-sync cost of a cached plan whose one
+node runs on the worker. Prints a table and the simulator's prediction for
+the two-rank plans against their measured times.
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2",
+                      OMP_NUM_THREADS="1", TORCH_MGPU_WORKER_THREADS="1")
+    worker = subprocess.Popen([sys.executable, "-m", "torch_mgpu.worker"], env=dict(os.environ, RANK="1"))
+    os.environ["RANK"] = "0"
+    import torch
+    import torch.distributed as dist
+
+    import torch_mgpu
+    import bench_branches
+    import bench_kernels
+    from common import tree_map
+
+    dist.init_process_group("gloo")
+    try:
+        run(args, torch, torch_mgpu, bench_branches, bench_kernels, tree_map)
+    finally:
+        torch_mgpu.release_workers()
+        worker.wait(timeout=60)
+
+
+def run(args, torch, torch_mgpu, bench_branches, bench_kernels, tree_map):
+    cases = [c for c in bench_branches.cases(False) if c.name == "16 branches 256"]
+    cases += [c for c in bench_kernels.cases(False) if c.name.startswith("kNN")]
+    configs = {
+        "eager 1 thread": None,
+        "mgpu 2 lanes, 1 process": (["cpu"], 2, 2),
+        "mgpu 2 ranks": (["cpu", "rank1:cpu"], 1, 1),
+    }
+    rows = []
+    for case in cases:
+        cpu_inputs = case.make("cpu")
+        mgpu_inputs = tree_map(lambda t: t.to("mgpu"), cpu_inputs)
+        times = {k: [] for k in configs}
+        predicted, measured = [], []
+
+        def once(name):
+            cfg = configs[name]
+            if cfg is None:
+                torch.set_num_threads(1)
+                t0 = time.perf_counter()
+                case.fn(*cpu_inputs)
+                return time.perf_counter() - t0
+            devices, lanes, threads = cfg
+            torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            out = case.fn(*mgpu_inputs)
+            torch_mgpu.synchronize()
+            dt = time.perf_counter() - t0
+            del out
+            if name == "mgpu 2 ranks":
+                plan = torch_mgpu.last_plan()
+                predicted.append(plan.predicted_makespan)
+                measured.append(plan.measured_makespan)
+            return dt
+
+        for name, cfg in configs.items():  # warm-up: plans, caches, the worker's first calls
+            if cfg is not None:
+                torch_mgpu.configure(devices=cfg[0], lanes_per_device=cfg[1], policy="auto")
+            for _ in range(3):
+                once(name)
+        for _ in range(args.reps):
+            for name, cfg in configs.items():
+                if cfg is not None:
+                    torch_mgpu.configure(devices=cfg[0], lanes_per_device=cfg[1], policy="auto")
+                times[name].append(once(name))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append((case.name, med, statistics.median(predicted), statistics.median(measured)))
+
+    print(f"{'case':28s} " + " ".join(f"{k:>24s}" for k in configs) + "   2 ranks vs eager 1t")
+    for name, med, pred, meas in rows:
+        print(f"{name:28s} " + " ".join(f"{med[k] * 1e3:21.2f} ms" for k in configs) +
+              f"   {med['eager 1 thread'] / med['mgpu 2 ranks']:.2f}x")
+    print()
+    for name, med, pred, meas in rows:
+        print(f"{name}: simulator predicted {pred * 1e3:.2f} ms for the 2-rank plan, measured {meas * 1e3:.2f} ms "
+              f"(ratio {meas / pred:.2f})")
+
+    # Per-sync cost of a cached plan with one node on the worker, beside
+    # the same sync on this process's lane.
+    torch.set_num_threads(1)
+    x = torch.randn(16).to("mgpu")
+    per = {}
+    for devices in (["cpu"], ["rank1:cpu"]):
+        torch_mgpu.configure(devices=devices, lanes_per_device=1)
+        for _ in range(50):
+            (x + 1).cpu()
+        t0 = time.perf_counter()
+        n = 500
+        for _ in range(n):
+            (x + 1).cpu()
+        per[devices[0]] = (time.perf_counter() - t0) / n
+    print(f"\nsync of a cached 1-node plan: this process {per['cpu'] * 1e6:.0f} us, on rank 1 "
+          f"{per['rank1:cpu'] * 1e6:.0f} us: {1e6 * (per['rank1:cpu'] - per['cpu']):.0f} us for the remote lane")
+
+
+if __name__ == "__main__":
+    main()
