@@ -58,8 +58,7 @@ void check_remote_devices(plan::Topology& t) {
     rates.push_back(static_cast<double>(kProbe) / std::max(1e-6, took - best));
   }
   if (trips.empty()) return;
-  t.remote_call_s = *std::max_element(trips.begin(), trips.end());
-  t.link_latency_s = t.remote_call_s / 2;
+  t.link_latency_s = *std::max_element(trips.begin(), trips.end()) / 2;
   t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
 }
 

@@ -201,6 +201,8 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
   // lane's sequence): repeatedly take the lane head whose deps are done.
   std::vector<size_t> head(p.lane_order.size(), 0);
   std::vector<double> lane_free(p.lane_order.size(), p.lanes_used > 1 ? cm.launch_s : 0.0);
+  for (size_t l = 0; l < p.lane_order.size(); ++l)
+    if (p.lanes[l].rank) lane_free[l] += cm.network_latency_s;  // its program's way there
   std::vector<bool> done(n, false);
   size_t remaining = n;
   double makespan = 0;
@@ -392,6 +394,8 @@ TaskSchedule schedule_tasks_impl(const Topology& t, const CostModel& cm, const T
       if (--missing[s2] == 0) ready.push(s2);
   }
   std::vector<double> lane_free(lanes.size(), 0.0), finish(m, 0.0);
+  for (size_t l = 0; l < lanes.size(); ++l)
+    if (lanes[l].rank) lane_free[l] = cm.network_latency_s;  // its program's way there
   std::vector<int> lane_of_task(m, 0);
   // GPUs: what each lane runs when (start, end, fill), in time order, so
   // that a task placed beside kernels on the same device's other streams

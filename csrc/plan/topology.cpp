@@ -291,9 +291,10 @@ double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel&
   if (a.device == b.device && a.index == b.index) return 0.0;
   if (a.device == b.device) return cm.lane_sync_s;
   if (a.rank != b.rank) {
-    // Through the controller when neither end is it.
+    // Through the controller when neither end is it; each hop wakes a
+    // receiving thread, then the reading lane.
     const double hops = a.rank && b.rank ? 2.0 : 1.0;
-    return cm.lane_sync_s + hops * (cm.network_latency_s + bytes / cm.network_bytes_per_s);
+    return cm.lane_sync_s + hops * (2 * cm.network_latency_s + cm.lane_sync_s + bytes / cm.network_bytes_per_s);
   }
   const double rate = cm.peer_bytes_per_s > 0 ? cm.peer_bytes_per_s : cm.transfer_bytes_per_s;
   return cm.lane_sync_s + cm.transfer_latency_s + bytes / rate;
@@ -302,7 +303,6 @@ double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel&
 CostModel with_link(CostModel cm, const Topology& t) {
   if (t.link_latency_s > 0) cm.network_latency_s = t.link_latency_s;
   if (t.link_bytes_per_s > 0) cm.network_bytes_per_s = t.link_bytes_per_s;
-  if (t.remote_call_s > 0) cm.remote_call_s = t.remote_call_s;
   return cm;
 }
 

@@ -24,7 +24,7 @@ struct Topology {
   bool remote = false;  // some device is another rank's ("rankN:cpu": one lane, its process's cores)
   // The network to the workers, measured at configure (0: not measured;
   // the cost model's figures stand).
-  double link_latency_s = 0, link_bytes_per_s = 0, remote_call_s = 0;
+  double link_latency_s = 0, link_bytes_per_s = 0;
   // Lanes on CPU devices share the host cores: this many threads each.
   int threads_per_lane(int lanes_in_use) const;
 };
@@ -54,10 +54,12 @@ struct CostModel {
   // and the wait for it: what cutting a graph in one more partition costs.
   double partition_call_s = 150e-6;
   // Lanes on other ranks: a value crossing ranks pays the network's latency
-  // and bandwidth, a node run there one request and its answer.
+  // and bandwidth; a lane there starts when its program arrives (one
+  // latency) and runs each node a little slower than a lane here (the
+  // worker reads the node from its message).
   double network_latency_s = 100e-6;
   double network_bytes_per_s = 1e9;
-  double remote_call_s = 150e-6;
+  double remote_call_s = 5e-6;
   double fused_step_s = 6e-8;          // a step of a fused pointwise pass over one 1024-element block (in cache)
   bool calibrated = false;
   // A GPU: its streams share the device's SMs (a kernel fills part of the
@@ -132,8 +134,7 @@ double launch_seconds(const Work& w, const CostModel& cm);
 // Seconds to move `bytes` from lane a to lane b (0 on the same lane).
 // Between ranks: the network's.
 double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel& cm);
-// What running one node on `lane` adds to its work: the request to another
-// rank and its answer (0 on this process's lanes).
+// What running one node on `lane` adds to its work (0 on this process's lanes).
 inline double call_seconds(const Lane& lane, const CostModel& cm) { return lane.rank ? cm.remote_call_s : 0.0; }
 // `cm` with the network figures `t` measured (if any).
 CostModel with_link(CostModel cm, const Topology& t);

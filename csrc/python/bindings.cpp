@@ -240,6 +240,9 @@ PYBIND11_MODULE(_C, m) {
     d["lane_sync_s"] = cm.lane_sync_s;
     d["launch_s"] = cm.launch_s;
     d["transfer_bytes_per_s"] = cm.transfer_bytes_per_s;
+    d["network_latency_s"] = cm.network_latency_s;
+    d["network_bytes_per_s"] = cm.network_bytes_per_s;
+    d["remote_call_s"] = cm.remote_call_s;
     d["parallel_min_flops"] = cm.parallel_min_flops;
     d["parallel_efficiency"] = cm.parallel_efficiency;
     d["partition_call_s"] = cm.partition_call_s;

@@ -399,7 +399,9 @@ struct Run {
 
   // The sending half of a remote lane: its program, then the inputs other
   // lanes make, each once its producer has run (or a word that it failed).
-  void send_remote_lane(RemoteLane& rl) noexcept {
+  // Sends lane rl's program (from the calling thread, before the lanes
+  // start: the worker begins while they wake up).
+  void send_program(RemoteLane& rl) noexcept {
     try {
       std::vector<c10::Storage> blobs;
       std::string program;
@@ -427,11 +429,14 @@ struct Run {
       cv.notify_all();
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(m);
-      rl.sent = true;
-    }
-    cv.notify_all();
+    std::lock_guard<std::mutex> lock(m);
+    rl.sent = true;
+  }
+
+  // The inputs of lane rl's program that other lanes make, each sent once
+  // its producer has run (or a word that it failed).
+  void send_inputs(RemoteLane& rl) noexcept {
+    if (rl.send_failed) return;
     for (const auto& in : rl.later) {
       c10::Storage bytes;
       std::string why;
@@ -993,11 +998,12 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
           at::ThreadLocalStateGuard guard(tls);
           run.run_lane(l);
         });
-      // A remote lane: one thread sends its program and inputs, one
-      // receives what it sends back.
+      // A remote lane: its program leaves now; one thread sends the
+      // inputs other lanes make for it, one receives what it sends back.
       for (auto& rl : run.remote_lanes) {
         auto* lane = rl.get();
-        jobs.emplace_back([&run, lane] { run.send_remote_lane(*lane); });
+        run.send_program(*lane);
+        if (!lane->later.empty()) jobs.emplace_back([&run, lane] { run.send_inputs(*lane); });
         jobs.emplace_back([&run, lane] { run.receive_remote_lane(*lane); });
       }
       LanePool::instance().run(jobs, p.threads_per_lane);

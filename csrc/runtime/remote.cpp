@@ -38,16 +38,40 @@ std::chrono::milliseconds timeout() {
 }
 
 
-// One message: a fixed-size header (kind, the frame's length) and, when the
-// frame does not fit in it, one more send with all of it. The frame holds
-// the blobs' sizes, the body and the blobs' bytes: two sends at most per
-// message, whatever it carries (each send costs the transport a wake-up
-// on both sides; copying the bytes once costs less).
+// One message: a fixed-size header (kind, the frame's length), the frame
+// when it does not fit in the header (the blobs' sizes, the body and the
+// small blobs' bytes), then each large blob on its own, sent from and
+// received into its storage with no copy. Each send costs the transport a
+// wake-up on both sides; copying a small blob costs less than that, a
+// large one more.
+constexpr size_t kLargeBlob = 64 << 10;
+
+at::Tensor bytes_of(const c10::Storage& s) {
+  return at::from_blob(s.mutable_data(), {static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
+}
+
+// Sends queued and not yet waited for: their tensors stay alive with them.
+struct Pending {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<at::Tensor> tensors;
+  std::vector<c10::Storage> storages;  // what the tensors view
+  void wait() {
+    for (auto& w : works) w->wait(timeout());
+    works.clear();
+    tensors.clear();
+    storages.clear();
+  }
+};
+
+// With `pending`, the sends are queued there and not waited for (the
+// caller goes on and waits later; a transport delivers one peer's sends in
+// the order they were queued).
 void send_message(c10d::Backend& b, int peer, int tag, Msg kind, const std::string& body,
-                  const std::vector<c10::Storage>& blobs) {
+                  const std::vector<c10::Storage>& blobs, Pending* pending = nullptr) {
   constexpr size_t room = kHeader - 16;
   size_t frame_len = 8 + 8 * blobs.size() + body.size();
-  for (const auto& s : blobs) frame_len += s.nbytes();
+  for (const auto& s : blobs)
+    if (s.nbytes() < kLargeBlob) frame_len += s.nbytes();
   const bool inline_frame = frame_len <= room;
   at::Tensor head = at::empty({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
   at::Tensor rest;
@@ -71,12 +95,24 @@ void send_message(c10d::Backend& b, int peer, int tag, Msg kind, const std::stri
     put(&n, 8);
   }
   put(body.data(), body.size());
-  for (const auto& s : blobs) put(s.data(), s.nbytes());
-  std::vector<at::Tensor> t{head};
-  b.send(t, peer, tag)->wait(timeout());
-  if (!inline_frame) {
-    std::vector<at::Tensor> r{rest};
-    b.send(r, peer, tag)->wait(timeout());
+  for (const auto& s : blobs)
+    if (s.nbytes() < kLargeBlob) put(s.data(), s.nbytes());
+  auto send = [&](const at::Tensor& x) {
+    std::vector<at::Tensor> one{x};
+    auto work = b.send(one, peer, tag);
+    if (!pending) {
+      work->wait(timeout());
+      return;
+    }
+    pending->works.push_back(std::move(work));
+    pending->tensors.push_back(x);
+  };
+  send(head);
+  if (!inline_frame) send(rest);
+  for (const auto& s : blobs) {
+    if (s.nbytes() < kLargeBlob) continue;
+    if (pending) pending->storages.push_back(s);  // alive until sent
+    send(bytes_of(s));
   }
 }
 
@@ -102,22 +138,30 @@ std::string receive_message(c10d::Backend& b, int peer, int tag, Msg& kind, std:
   const auto count = fr.get<uint64_t>();
   TORCH_CHECK(count <= frame_len / 8, "torch_mgpu: a remote message announces ", count, " blobs");
   std::vector<uint64_t> sizes(count);
-  uint64_t blob_bytes = 0;
+  uint64_t small_bytes = 0;
   for (auto& n : sizes) {
     n = fr.get<uint64_t>();
-    TORCH_CHECK(n <= frame_len, "torch_mgpu: a remote message's blob overruns it");
-    blob_bytes += n;
+    if (n < kLargeBlob) small_bytes += n;
   }
   const size_t at = 8 + 8 * count;
-  TORCH_CHECK(at + blob_bytes <= frame_len, "torch_mgpu: a remote message's blobs overrun it");
-  const size_t body_len = frame_len - at - blob_bytes;
+  TORCH_CHECK(at + small_bytes <= frame_len, "torch_mgpu: a remote message's blobs overrun it");
+  const size_t body_len = frame_len - at - small_bytes;
   const char* p = frame + at + body_len;
+  std::vector<c10::Storage> got;
   for (auto n : sizes) {
     c10::Storage s = allocate(n);
-    if (n) std::memcpy(s.mutable_data(), p, n);
-    p += n;
-    if (blobs) blobs->push_back(std::move(s));
+    if (n < kLargeBlob) {
+      if (n) std::memcpy(s.mutable_data(), p, n);
+      p += n;
+    }
+    got.push_back(std::move(s));
   }
+  for (const auto& s : got) {
+    if (s.nbytes() < kLargeBlob) continue;
+    std::vector<at::Tensor> one{bytes_of(s)};
+    b.recv(one, peer, tag)->wait(timeout());
+  }
+  if (blobs) *blobs = std::move(got);
   return std::string(frame + at, body_len);
 }
 
@@ -403,7 +447,9 @@ struct Worker {
   std::unordered_map<int64_t, c10::Storage> store;
   std::vector<c10::Storage> slots;
 
+  Pending pending;  // a program's exports, sent while it goes on
   void answer(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
+    pending.wait();
     send_message(*backend, 0, kToController, kind, body, blobs);
   }
   static void write_error(Writer& w, const std::exception& e) {
@@ -508,7 +554,6 @@ struct Worker {
     Writer end;
     for (size_t s = 0; s < steps.size(); ++s) {
       Step& st = steps[s];
-      const double start = now();
       uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
       std::vector<c10::Storage> operands;
       for (auto ref : st.refs) {
@@ -521,6 +566,7 @@ struct Worker {
         }
         operands.push_back(value(ref));
       }
+      const double start = now();  // its inputs are here
       if (status == 1) {
         try {
           std::vector<c10::Storage> out;
@@ -543,7 +589,7 @@ struct Worker {
               results.push_back(out[k]);
             }
           }
-          if (!sent.empty()) answer(Msg::Export, w.bytes(), sent);
+          if (!sent.empty()) send_message(*backend, 0, kToController, Msg::Export, w.bytes(), sent, &pending);
         } catch (const c10::DistError&) {
           throw;  // the connection, not the op
         } catch (const std::exception& e) {
