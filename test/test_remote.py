@@ -105,7 +105,14 @@ def test_results_equal_eager_on_a_worker_lane():
         same(torch.cat([m, m * 3], 1), torch.cat([x, x * 3], 1))
         same(torch.where(m > 0, m, -m), torch.where(x > 0, x, -x))
         same(m.view(-1)[::7], x.view(-1)[::7])
+        e = torch.empty(3, 4, device="mgpu").fill_(2.5)  # uninitialized bytes, allocated there
+        same(e * m[:3, :4], torch.full((3, 4), 2.5) * x[:3, :4])
         assert "rank1:cpu/lane0" in str(torch_mgpu.last_plan())
+        # Materialized inputs stay on the worker from one sync to the next.
+        w = torch.randn(48, 48)
+        wm = w.to("mgpu")
+        for step in range(3):
+            same(m @ wm + step, x @ w + step)
         done()
     """)
 
@@ -175,6 +182,28 @@ def test_an_error_on_the_worker_is_raised_as_eager_raises_it():
             raise AssertionError("no error")
         same(keep, x.cpu() * 2)  # other values stay usable
         same((x + 1).sum(), (x.cpu() + 1).sum())
+        # A failed in-place write leaves its tensor as eager leaves it; what
+        # read the failed op's result is lost with it.
+        src = torch.randn(2)
+        ey = x.cpu() * 1
+        try:
+            ey.masked_scatter_(torch.ones(4, 5, dtype=torch.bool), src)
+        except RuntimeError:
+            pass
+        y = x * 1
+        y.masked_scatter_(torch.ones(4, 5, dtype=torch.bool).to("mgpu"), src.to("mgpu"))
+        after = y.exp()
+        try:
+            after.cpu()
+        except RuntimeError as e:
+            pass
+        else:
+            raise AssertionError("no error")
+        same(y, ey)
+        try:
+            torch_mgpu.synchronize()
+        except RuntimeError:
+            pass
         done()
     """)
 
@@ -273,3 +302,41 @@ def test_a_worker_whose_controller_dies_exits_by_itself():
     workers[0].wait(timeout=60)
     assert workers[0].returncode == 1, workers[0].stdout.read()
     assert "went away" in workers[0].stdout.read()
+
+
+def test_three_ranks_values_cross_between_workers():
+    # No lane here: every value that crosses goes from one worker to the
+    # other through this process.
+    run_world("""
+        torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
+        torch.manual_seed(2)
+        xs = [torch.randn(128, 128) for _ in range(6)]
+        for step in range(2):
+            out = sum((x.to("mgpu") @ x.to("mgpu")).sin() for x in xs)
+            same(out, sum((x @ x).sin() for x in xs))
+        lanes = {e["lane"] for e in torch_mgpu.last_plan().timeline()}
+        assert lanes == {"rank1:cpu/lane0", "rank2:cpu/lane0"}, lanes
+        done()
+    """, world=3)
+
+
+def test_launch_runs_a_script_on_rank_0_with_every_rank_as_a_device(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        import torch_mgpu
+        assert sys.argv[1:] == ["--flag", "7"], sys.argv
+        print("LANES", torch_mgpu.lanes())
+        torch_mgpu.configure(devices=["rank1:cpu"])
+        x = torch.randn(8, 8)
+        assert torch.equal((x.to("mgpu") @ x.to("mgpu")).cpu(), x @ x)
+        print("SCRIPT OK")
+    """))
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", OMP_NUM_THREADS="1")
+    out = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                          "torch_mgpu.launch", str(script), "--flag", "7"], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SCRIPT OK" in out.stdout, out.stdout + out.stderr
+    assert "rank1:cpu/lane0" in out.stdout, out.stdout
