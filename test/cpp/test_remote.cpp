@@ -1,0 +1,145 @@
+// Nodes as bytes (runtime/serialize.h): what a worker rank reads back runs
+// as the node it was written from, and malformed bytes raise.
+#include "ir/node.h"
+#include "runtime/run_node.h"
+#include "runtime/serialize.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace torch_mgpu;
+
+ir::TensorGeometry geometry_of(const at::Tensor& t) {
+  ir::TensorGeometry g;
+  g.dtype = t.scalar_type();
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  g.offset = t.storage_offset();
+  return g;
+}
+
+ir::Arg tensor_arg(int operand, const at::Tensor& t) {
+  ir::Arg a;
+  a.kind = ir::Arg::Kind::Tensor;
+  a.tensors.emplace_back(ir::TensorRef{operand, geometry_of(t), -1});
+  return a;
+}
+
+ir::Arg constant(c10::IValue v) {
+  ir::Arg a;
+  a.constant = std::move(v);
+  return a;
+}
+
+// out = op(args...) as a node over `operands`, one fresh output like `like`.
+ir::NodePtr make_node(const char* name, const char* overload, std::vector<ir::Arg> args, const at::Tensor& like,
+                      const std::vector<at::Tensor>& inputs = {}) {
+  auto n = std::make_shared<ir::Node>();
+  for (const auto& t : inputs) n->operands.push_back(ir::Value{ir::make_data(t.storage()), 0});
+  n->op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  n->name = ir::intern(std::string(name) + (*overload ? std::string(".") + overload : std::string()));
+  for (auto& a : args) n->args.push_back(std::move(a));
+  ir::Output o;
+  o.nbytes = like.nbytes();
+  o.returned = 0;
+  o.geom = geometry_of(like);
+  n->outputs.push_back(o);
+  n->where = ir::intern("model.py:3");
+  return n;
+}
+
+ir::NodePtr round_trip(const ir::Node& n) {
+  runtime::Writer w;
+  runtime::write_node(w, n);
+  runtime::Reader r(w.bytes());
+  auto back = runtime::read_node(r);
+  EXPECT_TRUE(r.done());
+  return back;
+}
+
+at::Tensor run(const ir::Node& n, const std::vector<at::Tensor>& inputs) {
+  std::vector<c10::Storage> operands;
+  for (const auto& t : inputs) operands.push_back(t.storage());
+  auto out = runtime::run_node(n, operands, std::vector<bool>(inputs.size(), false));
+  return runtime::cpu_view(out.at(0), n.outputs[0].geom);
+}
+
+TEST(Remote, NodeReadBackRunsAsWritten) {
+  auto a = torch::randn({3, 4}).t();  // a strided view
+  auto b = torch::randn({4, 3});
+  auto n = make_node("aten::add", "Tensor", {tensor_arg(0, a), tensor_arg(1, b), constant(c10::Scalar(0.25))},
+                     torch::empty({4, 3}), {a, b});
+  n->seed = 1234;
+  n->state.matmul_precision = 1;
+  auto back = round_trip(*n);
+  EXPECT_EQ(back->name, n->name);
+  EXPECT_EQ(back->where, n->where);
+  EXPECT_EQ(*back->seed, 1234u);
+  EXPECT_EQ(back->state, n->state);
+  ASSERT_EQ(back->args.size(), 3u);
+  EXPECT_EQ(back->args[0].tensors[0]->geom, n->args[0].tensors[0]->geom);
+  EXPECT_EQ(back->outputs[0].geom, n->outputs[0].geom);
+  EXPECT_TRUE(torch::equal(run(*back, {a, b}), a + 0.25 * b));
+}
+
+TEST(Remote, ConstantsOfEveryPlainKindCross) {
+  auto x = torch::randn({2, 6});
+  // sum.dim_IntList(self, int[1]? dim, bool keepdim, ScalarType? dtype)
+  auto n = make_node("aten::sum", "dim_IntList",
+                     {tensor_arg(0, x), constant(c10::IValue(std::vector<int64_t>{1})), constant(true),
+                      constant(c10::IValue(static_cast<int64_t>(at::kDouble)))},
+                     torch::empty({2, 1}, torch::kDouble), {x});
+  EXPECT_TRUE(torch::equal(run(*round_trip(*n), {x}), x.sum({1}, true, at::kDouble)));
+  // A seeded CPU generator crosses as its state: the same draws.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+  auto like = torch::empty({5});
+  auto r = make_node("aten::normal", "float_float",
+                     {constant(0.0), constant(1.0), constant(c10::IValue(std::vector<int64_t>{5})),
+                      constant(c10::IValue(gen)), constant(c10::IValue()), constant(c10::IValue()),
+                      constant(c10::IValue()), constant(c10::IValue())},
+                     like);
+  auto g2 = at::make_generator<at::CPUGeneratorImpl>(77);
+  EXPECT_TRUE(torch::equal(run(*round_trip(*r), {}), at::normal(0.0, 1.0, {5}, g2)));
+  // A host tensor constant crosses by value.
+  auto t = torch::tensor({1.5, -2.0});
+  auto one = torch::ones({2}, torch::kDouble);
+  auto c = make_node("aten::mul", "Tensor", {tensor_arg(0, one), constant(t)}, torch::empty({2}, torch::kDouble),
+                     {one});
+  EXPECT_TRUE(torch::equal(run(*round_trip(*c), {one}), one * t));
+}
+
+TEST(Remote, MalformedBytesRaise) {
+  auto x = torch::randn({3});
+  auto n = make_node("aten::relu", "", {tensor_arg(0, x)}, torch::empty({3}), {x});
+  runtime::Writer w;
+  runtime::write_node(w, *n);
+  const std::string& bytes = w.bytes();
+  for (size_t cut : {size_t(0), size_t(5), bytes.size() / 2, bytes.size() - 1}) {
+    runtime::Reader r(bytes.data(), cut);
+    EXPECT_THROW(runtime::read_node(r), c10::Error) << cut;
+  }
+  // An operator this process lacks.
+  runtime::Writer bad;
+  bad.put_string("aten::no_such_op.x");
+  runtime::Reader r(bad.bytes());
+  try {
+    runtime::read_node(r);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist in this process"), std::string::npos);
+  }
+}
+
+TEST(Remote, ANodeWithACustomClassConstantIsNotSerializable) {
+  auto x = torch::randn({3});
+  auto n = make_node("aten::relu", "", {tensor_arg(0, x)}, torch::empty({3}), {x});
+  EXPECT_TRUE(runtime::serializable(*n));
+  n->args.push_back(constant(c10::IValue(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()))));
+  EXPECT_FALSE(runtime::serializable(*n));
+}
+
+} // namespace
