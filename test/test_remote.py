@@ -2,6 +2,7 @@
 process group on loopback. Each test starts a small world: rank 0 runs a
 program written here, the other ranks `python -m torch_mgpu.worker`."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -340,3 +341,66 @@ def test_launch_runs_a_script_on_rank_0_with_every_rank_as_a_device(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SCRIPT OK" in out.stdout, out.stdout + out.stderr
     assert "rank1:cpu/lane0" in out.stdout, out.stdout
+
+
+def _netns(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: each rank on a host of
+    its own, talking over a real (virtual) link."""
+    if not shutil.which("ip"):
+        pytest.skip("the ip tool (iproute2) is not installed")
+    tag = f"mg{os.getpid() % 100000}"
+    a, b = f"{tag}a", f"{tag}b"
+    made = _netns("netns", "add", a)
+    if made.returncode != 0:
+        pytest.skip(f"network namespaces are not allowed here: {made.stderr.strip()}")
+    try:
+        steps = [
+            ("netns", "add", b),
+            ("link", "add", f"{tag}0", "type", "veth", "peer", "name", f"{tag}1"),
+            ("link", "set", f"{tag}0", "netns", a),
+            ("link", "set", f"{tag}1", "netns", b),
+            ("-n", a, "addr", "add", "10.213.0.1/24", "dev", f"{tag}0"),
+            ("-n", b, "addr", "add", "10.213.0.2/24", "dev", f"{tag}1"),
+            ("-n", a, "link", "set", f"{tag}0", "up"),
+            ("-n", b, "link", "set", f"{tag}1", "up"),
+            ("-n", a, "link", "set", "lo", "up"),
+            ("-n", b, "link", "set", "lo", "up"),
+        ]
+        for s in steps:
+            r = _netns(*s)
+            if r.returncode != 0:
+                pytest.skip(f"could not set up two hosts ({' '.join(s)}): {r.stderr.strip()}")
+        yield {"hosts": (a, b), "ifaces": (f"{tag}0", f"{tag}1"), "addr": "10.213.0.1"}
+    finally:
+        _netns("netns", "del", a)
+        _netns("netns", "del", b)
+
+
+def test_two_hosts_in_network_namespaces(two_hosts):
+    (a, b), (ia, ib) = two_hosts["hosts"], two_hosts["ifaces"]
+    base = dict(os.environ, MASTER_ADDR=two_hosts["addr"], MASTER_PORT="29611", WORLD_SIZE="2",
+                TORCH_DEVICE_BACKEND_AUTOLOAD="0", OMP_NUM_THREADS="1", TORCH_MGPU_REMOTE_TIMEOUT="30")
+    worker = subprocess.Popen(["ip", "netns", "exec", b, PY, "-m", "torch_mgpu.worker"],
+                              env=dict(base, RANK="1", GLOO_SOCKET_IFNAME=ib), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    code = PRELUDE + textwrap.dedent("""
+        import socket
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch.manual_seed(3)
+        xs = [torch.randn(192, 192) for _ in range(6)]
+        out = sum((x.to("mgpu") @ x.to("mgpu")).tanh() for x in xs)
+        same(out, sum((x @ x).tanh() for x in xs))
+        assert "rank1:cpu/lane0" in {e["lane"] for e in torch_mgpu.last_plan().timeline()}
+        done()
+    """)
+    controller = subprocess.Popen(["ip", "netns", "exec", a, PY, "-c", code],
+                                  env=dict(base, RANK="0", GLOO_SOCKET_IFNAME=ia), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+    out = finish(controller, [worker])
+    assert controller.returncode == 0 and "DONE" in out, out
+    assert worker.returncode == 0, worker.stdout.read()
