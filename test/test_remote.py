@@ -165,6 +165,38 @@ def test_random_ops_and_a_training_step_match_one_process():
                 o.step()
         for p, q in zip(model.parameters(), ref.parameters()):
             same(p.detach(), q.detach(), exact=False)
+
+        # A training loop with a learning-rate schedule and dropout: after
+        # its first steps, each step sends its programs' keys and values
+        # only (the structures stay on the worker), and the results equal
+        # this process's own run of the same loop, seed for seed.
+        def train(devices, steps=6):
+            torch_mgpu.configure(devices=devices)
+            torch.manual_seed(9)
+            net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                      torch.nn.Linear(32, 1)).to("mgpu")
+            o = torch.optim.Adam(net.parameters(), lr=0.05)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(o, steps)
+            x, y = torch.randn(32, 16).to("mgpu"), torch.randn(32, 1).to("mgpu")
+            losses, sent = [], []
+            for step in range(steps):
+                before = torch_mgpu.stats()["remote_structures_sent"]
+                o.zero_grad()
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                loss.backward()
+                o.step()
+                sched.step()
+                losses.append(loss.item())
+                torch_mgpu.synchronize()
+                sent.append(torch_mgpu.stats()["remote_structures_sent"] - before)
+            return losses, [p.detach().cpu() for p in net.parameters()], sent
+        here, here_params, _ = train(["cpu"])
+        there, there_params, sent = train(["rank1:cpu"])
+        assert here == there, (here, there)
+        for p, q in zip(here_params, there_params):
+            same(q, p)
+        assert all(s == 0 for s in sent[3:]), sent
+        assert torch_mgpu.stats()["remote_programs"] > 0
         done()
     """)
 

@@ -35,6 +35,13 @@ struct Counters {
   // tier 0, or the compiler could not take them); the time tier-1 runs
   // spent inside the compiled code (the rest of sync_execute_us is theirs
   // around it: checks, inputs, outputs).
+  // Lanes on other ranks: programs run there, structures sent (a worker
+  // keeps each: later runs send its key), bytes sent to and received from
+  // workers (values, programs, headers).
+  alignas(64) std::atomic<int64_t> remote_programs{0};
+  alignas(64) std::atomic<int64_t> remote_structures_sent{0};
+  alignas(64) std::atomic<int64_t> remote_bytes_sent{0};
+  alignas(64) std::atomic<int64_t> remote_bytes_received{0};
   alignas(64) std::atomic<int64_t> tier1_hot{0};
   alignas(64) std::atomic<int64_t> tier1_compiled{0};
   alignas(64) std::atomic<int64_t> tier1_compile_us{0};

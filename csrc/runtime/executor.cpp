@@ -9,6 +9,7 @@
 
 #include "runtime/observer.h"
 #include "runtime/host_cache.h"
+#include "runtime/counters.h"
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
 #include "runtime/remote.h"
@@ -321,7 +322,9 @@ struct Run {
     std::vector<c10::Storage> out;
     for (const auto& o : node.outputs) out.push_back(stand_in(o.nbytes));
     for (auto& [k, bytes] : got) {
-      TORCH_CHECK(k >= 0 && k < static_cast<int>(out.size()) && bytes.nbytes() == node.outputs[k].nbytes,
+      // (A storage may hold more than the value: a kernel's result can be
+      // a view of a larger buffer, a written operand is its whole storage.)
+      TORCH_CHECK(k >= 0 && k < static_cast<int>(out.size()) && bytes.nbytes() >= node.outputs[k].nbytes,
                   "torch_mgpu: a worker sent back a value of the wrong size");
       out[k] = std::move(bytes);
     }
@@ -334,6 +337,12 @@ struct Run {
   // Lane l's program: each node as data, each operand a slot of the
   // program (made by an earlier step, or an input) or a value the worker
   // keeps (a materialized leaf, sent once and kept from run to run).
+  //
+  // The program is sent in two parts: its structure (the same whenever
+  // this plan runs this lane: the worker keeps it, by the structure's hash,
+  // and later runs send only the hash) and what changes from run to run
+  // (the ids of the kept values it reads, node ids, seeds, floating and
+  // tensor constants).
   std::string build_program(RemoteLane& rl, std::vector<c10::Storage>& blobs) {
     const int l = rl.lane;
     Remote& rem = *rl.rem;
@@ -341,13 +350,16 @@ struct Run {
     std::vector<std::pair<int64_t, c10::Storage>> puts;
     int64_t slots = 0;
     std::map<std::pair<const void*, int>, int64_t> input_slot;
+    std::map<const void*, int64_t> resident_param;
+    std::vector<int64_t> resident_ids;
     std::vector<std::pair<int64_t, size_t>> allocs;
-    Writer body;  // the steps, after the header below
-    body.put<uint32_t>(static_cast<uint32_t>(rl.steps.size()));
+    Writer steps;   // the structure's steps
+    Writer values;  // the run's values, per step
+    steps.put<uint32_t>(static_cast<uint32_t>(rl.steps.size()));
     for (int i : rl.steps) {
       const ir::Node& node = *g.nodes[i];
-      write_node(body, node);
-      body.put<uint32_t>(static_cast<uint32_t>(node.operands.size()));
+      write_node(steps, values, node);
+      steps.put<uint32_t>(static_cast<uint32_t>(node.operands.size()));
       for (size_t k = 0; k < node.operands.size(); ++k) {
         const ir::Value& v = node.operands[k];
         const int d = producer[operand_at[i] + k];
@@ -355,10 +367,14 @@ struct Run {
         if (d >= 0 && p.lane_of[d] == l) {
           ref = remote_slot[output_at[d] + v.index];
         } else if (d < 0 && v.node->kind == ir::NodeKind::Data && v.node->data.device().is_cpu()) {
-          bool fresh = false;
-          const int64_t id = rem.resident(v.node, fresh, dead);
-          if (fresh) puts.emplace_back(id, v.node->data);
-          ref = -id;
+          auto [it, first] = resident_param.try_emplace(v.node.get(), static_cast<int64_t>(resident_ids.size()));
+          if (first) {
+            bool fresh = false;
+            const int64_t id = rem.resident(v.node, fresh, dead);
+            if (fresh) puts.emplace_back(id, v.node->data);
+            resident_ids.push_back(id);
+          }
+          ref = -1 - it->second;
         } else {
           const void* key = d >= 0 ? static_cast<const void*>(g.nodes[d].get()) : static_cast<const void*>(v.node.get());
           auto [it, first] = input_slot.try_emplace({key, v.index}, slots);
@@ -369,16 +385,29 @@ struct Run {
           }
           ref = it->second;
         }
-        body.put<int64_t>(ref);
-        body.put<uint8_t>(p.reuse[i][k] && ref >= 0);  // a kept value is never written in place
+        steps.put<int64_t>(ref);
+        steps.put<uint8_t>(p.reuse[i][k] && ref >= 0);  // a kept value is never written in place
       }
-      body.put<uint32_t>(static_cast<uint32_t>(node.outputs.size()));
+      steps.put<uint32_t>(static_cast<uint32_t>(node.outputs.size()));
       for (size_t k = 0; k < node.outputs.size(); ++k) {
         remote_slot[output_at[i] + k] = slots;
-        body.put<int64_t>(slots++);
-        body.put<uint8_t>(exported[output_at[i] + k]);
+        steps.put<int64_t>(slots++);
+        steps.put<uint8_t>(exported[output_at[i] + k]);
       }
     }
+    Writer structure;
+    structure.put<uint32_t>(static_cast<uint32_t>(slots));
+    structure.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
+    for (auto [slot, nbytes] : allocs) {
+      structure.put<int64_t>(slot);
+      structure.put<uint64_t>(nbytes);
+    }
+    structure.bytes() += steps.bytes();
+    const uint64_t key = std::hash<std::string>{}(structure.bytes());
+    std::vector<uint64_t> forget;
+    const bool known = rem.knows_program(key, forget);
+    counters().remote_programs++;
+    if (!known) counters().remote_structures_sent++;
     Writer w;
     w.put<uint64_t>(dead.size());
     for (auto id : dead) w.put<int64_t>(id);
@@ -387,13 +416,14 @@ struct Run {
       w.put<int64_t>(id);
       blobs.push_back(bytes);
     }
-    w.put<uint32_t>(static_cast<uint32_t>(slots));
-    w.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
-    for (auto [slot, nbytes] : allocs) {
-      w.put<int64_t>(slot);
-      w.put<uint64_t>(nbytes);
-    }
-    w.bytes() += body.bytes();
+    w.put<uint32_t>(static_cast<uint32_t>(forget.size()));
+    for (auto k : forget) w.put<uint64_t>(k);
+    w.put<uint64_t>(key);
+    w.put<uint8_t>(!known);
+    if (!known) w.put_string(structure.bytes());
+    w.put<uint32_t>(static_cast<uint32_t>(resident_ids.size()));
+    for (auto id : resident_ids) w.put<int64_t>(id);
+    w.bytes() += values.bytes();
     return std::move(w.bytes());
   }
 
@@ -591,8 +621,13 @@ struct Run {
               got = rl->rem->get(remote_slot[output_at[i] + k], vals[k].nbytes());
               observers().transferred(got.nbytes());
             } catch (const std::exception& e) {
-              observers().node_failed();
-              fail(i, Status::Failed, std::current_exception(), message_of(e));
+              // A value the worker freed after its last use (its readers
+              // ran before the failure) is needed by nothing; one on a lost
+              // rank is lost with it.
+              if (rl->rem->lost()) {
+                observers().node_failed();
+                fail(i, Status::Failed, std::current_exception(), message_of(e));
+              }
             }
           }
           ir::release(vals[k]);

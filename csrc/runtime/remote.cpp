@@ -1,5 +1,6 @@
 #include "runtime/remote.h"
 #include "ir/call_state.h"
+#include "runtime/counters.h"
 #include "runtime/place.h"
 #include "runtime/run_node.h"
 #include "runtime/serialize.h"
@@ -238,6 +239,9 @@ void Remote::lose(const std::string& what, const std::exception& e) {
 
 void Remote::send(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
   check_alive();
+  size_t bytes = kHeader + body.size();
+  for (const auto& b : blobs) bytes += b.nbytes();
+  counters().remote_bytes_sent += static_cast<int64_t>(bytes);
   try {
     send_message(*backend_, rank_, kToWorker, kind, body, blobs);
   } catch (const std::exception& e) {
@@ -248,7 +252,13 @@ void Remote::send(Msg kind, const std::string& body, const std::vector<c10::Stor
 std::string Remote::receive(Msg& kind, std::vector<c10::Storage>* blobs) {
   check_alive();
   try {
-    return receive_message(*backend_, rank_, kToController, kind, blobs, timeout());
+    std::vector<c10::Storage> got;
+    std::string body = receive_message(*backend_, rank_, kToController, kind, &got, timeout());
+    size_t bytes = kHeader + body.size();
+    for (const auto& b : got) bytes += b.nbytes();
+    counters().remote_bytes_received += static_cast<int64_t>(bytes);
+    if (blobs) *blobs = std::move(got);
+    return body;
   } catch (const std::exception& e) {
     lose("waiting for it", e);
   }
@@ -295,7 +305,8 @@ c10::Storage Remote::get(int64_t id, size_t nbytes) {
     auto c = r.get<ErrorClass>();
     raise_as(c, std::string(r.get_bytes()));
   }
-  TORCH_CHECK(kind == Msg::Ok && blobs.size() == 1 && blobs[0].nbytes() == nbytes, "torch_mgpu: rank ", rank_,
+  // (A storage may hold more than the value it carries.)
+  TORCH_CHECK(kind == Msg::Ok && blobs.size() == 1 && blobs[0].nbytes() >= nbytes, "torch_mgpu: rank ", rank_,
               " answered a request for ", nbytes, " bytes with something else");
   return blobs[0];
 }
@@ -313,13 +324,19 @@ double Remote::probe_bandwidth(size_t nbytes) {
   c10::Storage probe = allocate(nbytes);
   std::memset(probe.mutable_data(), 0, nbytes);
   const int64_t id = next_id();
+  Writer empty;  // a program of no steps
+  empty.put<uint32_t>(0);  // slots
+  empty.put<uint32_t>(0);  // allocations
+  empty.put<uint32_t>(0);  // steps
   Writer w;
   w.put<uint64_t>(0);   // nothing to drop
   w.put<uint32_t>(1);   // one value to keep
   w.put<int64_t>(id);
-  w.put<uint32_t>(0);   // no slots
-  w.put<uint32_t>(0);   // no allocations
-  w.put<uint32_t>(0);   // no steps
+  w.put<uint32_t>(0);   // no programs to forget
+  w.put<uint64_t>(0);   // the empty program's key
+  w.put<uint8_t>(1);
+  w.put_string(empty.bytes());
+  w.put<uint32_t>(0);   // it reads no kept value
   std::lock_guard<std::mutex> lock(m_);
   const auto t0 = std::chrono::steady_clock::now();
   send(Msg::Exec, w.bytes(), {probe});
@@ -368,9 +385,25 @@ int64_t Remote::resident(const ir::NodePtr& leaf, bool& fresh, std::vector<int64
   return id;
 }
 
+bool Remote::knows_program(uint64_t key, std::vector<uint64_t>& forget) {
+  constexpr size_t kPrograms = 256;
+  std::lock_guard<std::mutex> lock(residents_m_);
+  auto [it, fresh] = programs_.try_emplace(key, 0);
+  it->second = ++tick_;
+  while (programs_.size() > kPrograms) {
+    auto oldest = programs_.begin();
+    for (auto p = programs_.begin(); p != programs_.end(); ++p)
+      if (p->second < oldest->second) oldest = p;
+    forget.push_back(oldest->first);
+    programs_.erase(oldest);
+  }
+  return !fresh;
+}
+
 void Remote::forget_residents() {
   std::lock_guard<std::mutex> lock(residents_m_);
   residents_.clear();
+  programs_.clear();
 }
 
 namespace {
@@ -469,6 +502,8 @@ struct Worker {
 
   struct Step {
     ir::NodePtr node;
+    std::vector<int> holes;        // its arguments given with each run
+    std::vector<int64_t> kept;     // this run: ids of the kept values it reads, in order
     std::vector<int64_t> refs;
     std::vector<bool> reuse;
     std::vector<int64_t> outs;
@@ -479,33 +514,32 @@ struct Worker {
   // Missing, in the order its steps need them); each step's exported
   // outputs go back as soon as it has run, and its error if it fails; End
   // gives every step's status and times.
-  void exec(Reader& r, std::vector<c10::Storage>& blobs) {
-    size_t b = 0;
-    const auto dead = r.get<uint64_t>();
-    for (uint64_t k = 0; k < dead; ++k) store.erase(r.get<int64_t>());
-    const auto puts = r.get<uint32_t>();
-    for (uint32_t k = 0; k < puts; ++k) store[r.get<int64_t>()] = blobs.at(b++);
-    slots.assign(r.get<uint32_t>(), c10::Storage());
-    enum : char { Absent, Present, Lost };
-    std::vector<char> state(slots.size(), Absent);
+  struct Program {
+    size_t slots = 0;
+    std::vector<std::pair<int64_t, uint64_t>> allocs;
+    std::vector<Step> steps;
+  };
+  std::unordered_map<uint64_t, Program> programs;  // kept structures, by key
+
+  static Program read_program(Reader& r) {
+    Program p;
+    p.slots = r.get<uint32_t>();
     const auto allocs = r.get<uint32_t>();
     for (uint32_t k = 0; k < allocs; ++k) {
       const auto slot = r.get<int64_t>();
-      const auto nbytes = r.get<uint64_t>();
-      TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an allocation for slot ", slot,
-                  " of ", slots.size());
-      slots[slot] = allocate(nbytes);
-      state[slot] = Present;
+      TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(p.slots), "torch_mgpu: an allocation for slot ", slot,
+                  " of ", p.slots);
+      p.allocs.emplace_back(slot, r.get<uint64_t>());
     }
-    std::vector<Step> steps(r.get<uint32_t>());
-    for (auto& st : steps) {
-      st.node = read_node(r);
+    p.steps.resize(r.get<uint32_t>());
+    for (auto& st : p.steps) {
+      st.node = read_node(r, st.holes);
       const auto n = r.get<uint32_t>();
       for (uint32_t k = 0; k < n; ++k) {
         st.refs.push_back(r.get<int64_t>());
         st.reuse.push_back(r.get<uint8_t>() != 0);
-        TORCH_CHECK(st.refs.back() < static_cast<int64_t>(slots.size()), "torch_mgpu: a step reads slot ",
-                    st.refs.back(), " of ", slots.size());
+        TORCH_CHECK(st.refs.back() < static_cast<int64_t>(p.slots), "torch_mgpu: a step reads slot ",
+                    st.refs.back(), " of ", p.slots);
       }
       const auto outs = r.get<uint32_t>();
       TORCH_CHECK(outs == st.node->outputs.size(), "torch_mgpu: a node with ", st.node->outputs.size(),
@@ -513,9 +547,56 @@ struct Worker {
       for (uint32_t k = 0; k < outs; ++k) {
         st.outs.push_back(r.get<int64_t>());
         st.exported.push_back(static_cast<char>(r.get<uint8_t>()));
-        TORCH_CHECK(st.outs.back() >= 0 && st.outs.back() < static_cast<int64_t>(slots.size()),
-                    "torch_mgpu: a step writes slot ", st.outs.back(), " of ", slots.size());
+        TORCH_CHECK(st.outs.back() >= 0 && st.outs.back() < static_cast<int64_t>(p.slots),
+                    "torch_mgpu: a step writes slot ", st.outs.back(), " of ", p.slots);
       }
+    }
+    TORCH_CHECK(r.done(), "torch_mgpu: a program's structure has bytes left over");
+    return p;
+  }
+
+  // A lane's program: its inputs come with it or after it (Import /
+  // Missing, in the order its steps need them); each step's exported
+  // outputs go back as soon as it has run, and its error if it fails; End
+  // gives every step's status and times, and the results.
+  void exec(Reader& r, std::vector<c10::Storage>& blobs) {
+    size_t b = 0;
+    const auto dead = r.get<uint64_t>();
+    for (uint64_t k = 0; k < dead; ++k) store.erase(r.get<int64_t>());
+    const auto puts = r.get<uint32_t>();
+    for (uint32_t k = 0; k < puts; ++k) store[r.get<int64_t>()] = blobs.at(b++);
+    const auto forget = r.get<uint32_t>();
+    for (uint32_t k = 0; k < forget; ++k) programs.erase(r.get<uint64_t>());
+    const auto key = r.get<uint64_t>();
+    if (r.get<uint8_t>()) {
+      Reader structure(r.get_bytes());
+      programs[key] = read_program(structure);
+    }
+    auto found = programs.find(key);
+    TORCH_CHECK(found != programs.end(), "torch_mgpu: rank ", pg->getRank(), " was asked to run program ", key,
+                ", which it does not keep");
+    Program& prog = found->second;
+    std::vector<int64_t> params(r.get<uint32_t>());
+    for (auto& id : params) id = r.get<int64_t>();
+    for (auto& st : prog.steps) {
+      patch_node(*st.node, st.holes, r);
+
+      st.kept.clear();
+      for (auto ref : st.refs) {
+        if (ref >= 0) continue;
+        const auto j = static_cast<size_t>(-1 - ref);
+        TORCH_CHECK(j < params.size(), "torch_mgpu: a step reads kept value ", j, " of ", params.size());
+        st.kept.push_back(params[j]);
+      }
+    }
+    TORCH_CHECK(r.done(), "torch_mgpu: a program's values have bytes left over");
+    auto& steps = prog.steps;
+    slots.assign(prog.slots, c10::Storage());
+    enum : char { Absent, Present, Lost };
+    std::vector<char> state(slots.size(), Absent);
+    for (auto [slot, nbytes] : prog.allocs) {
+      slots[slot] = allocate(nbytes);
+      state[slot] = Present;
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -556,6 +637,7 @@ struct Worker {
       Step& st = steps[s];
       uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
       std::vector<c10::Storage> operands;
+      size_t kept = 0;
       for (auto ref : st.refs) {
         if (ref >= 0) {
           while (state[ref] == Absent) next_input();
@@ -563,8 +645,10 @@ struct Worker {
             status = 3;
             break;
           }
+          operands.push_back(slots[ref]);
+        } else {
+          operands.push_back(value(-st.kept[kept++]));
         }
-        operands.push_back(value(ref));
       }
       const double start = now();  // its inputs are here
       if (status == 1) {
@@ -615,7 +699,6 @@ struct Worker {
         for (auto o : st.outs)
           if (last_use[o] < 0 && !result[o]) slots[o] = c10::Storage();
       }
-      ir::mark_executed(*st.node);
       end.put<uint8_t>(status);
       end.put<double>(start);
       end.put<double>(now());

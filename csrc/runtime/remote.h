@@ -84,7 +84,11 @@ class Remote {
   // whether they still have to be sent (`fresh`). Ids of leaves that died
   // since are handed to `dead` (the worker drops them).
   int64_t resident(const ir::NodePtr& leaf, bool& fresh, std::vector<int64_t>& dead);
-  // Forgets the residents (a run that sent them failed part-way).
+  // Whether the worker keeps the program structure `key` (sent before);
+  // records that it will after this run. Keys it should forget (the least
+  // recently used beyond a bound) are handed to `forget`.
+  bool knows_program(uint64_t key, std::vector<uint64_t>& forget);
+  // Forgets the residents and programs (a run that sent them failed part-way).
   void forget_residents();
 
   bool lost() const { return lost_.load(); }
@@ -106,6 +110,8 @@ class Remote {
   std::atomic<int64_t> next_id_{1};
   std::mutex residents_m_;
   std::unordered_map<const ir::Node*, std::pair<std::weak_ptr<ir::Node>, int64_t>> residents_;
+  std::unordered_map<uint64_t, uint64_t> programs_;  // key -> last use (a tick)
+  uint64_t tick_ = 0;
 };
 
 // The error a worker sent (its class and message), to raise here.

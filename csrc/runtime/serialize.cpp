@@ -15,7 +15,7 @@ void Reader::need(size_t n) const {
 
 namespace {
 
-enum class Tag : uint8_t { None, Bool, Int, Double, Complex, String, Device, List, Tuple, Tensor, Generator };
+enum class Tag : uint8_t { None, Bool, Int, Double, Complex, String, Device, List, Tuple, Tensor, Generator, Hole };
 
 // List element types a constant may have.
 enum class Elem : uint8_t { Int, Float, Bool, String, Complex, Number, OptInt, OptFloat, Device };
@@ -76,6 +76,20 @@ bool value_serializable(const c10::IValue& v) {
   }
   if (v.isTensor()) return plain_tensor(v.toTensor());
   if (v.isGenerator()) return v.toGenerator().device().is_cpu();
+  return false;
+}
+
+// Whether a constant is part of a program's structure (the plan cache's
+// hash sees its value: integers, booleans, strings, devices, lists of
+// them) or a value that may change from run to run with the same program
+// (floating numbers such as learning rates, tensors, generators).
+bool structural(const c10::IValue& v) {
+  if (v.isNone() || v.isBool() || v.isInt() || v.isString() || v.isDevice()) return true;
+  if (v.isList()) {
+    for (const auto& e : v.toList())
+      if (!structural(e)) return false;
+    return true;
+  }
   return false;
 }
 
@@ -183,6 +197,7 @@ c10::IValue read_value(Reader& r) {
       g.set_state(state);
       return c10::IValue(g);
     }
+    case Tag::Hole: break;  // only where read_node expects one
   }
   TORCH_CHECK(false, "torch_mgpu: a remote message holds an unknown constant");
 }
@@ -220,17 +235,22 @@ bool serializable(const Node& n) {
   return true;
 }
 
-void write_node(Writer& w, const Node& n) {
+void write_node(Writer& w, Writer& values, const Node& n) {
   TORCH_INTERNAL_ASSERT(n.kind == NodeKind::Op && n.op, "torch_mgpu: only op nodes are sent to other processes");
   w.put_string(n.name);
-  w.put<uint64_t>(n.id);
+  values.put<uint64_t>(n.id);
   w.put_string(n.where);
   w.put<uint32_t>(static_cast<uint32_t>(n.operands.size()));
   w.put<uint32_t>(static_cast<uint32_t>(n.args.size()));
   for (const auto& a : n.args) {
     w.put(a.kind);
     if (a.kind == Arg::Kind::Constant) {
-      write_value(w, a.constant);
+      if (structural(a.constant)) {
+        write_value(w, a.constant);
+      } else {
+        w.put(Tag::Hole);
+        write_value(values, a.constant);
+      }
       continue;
     }
     w.put<uint32_t>(static_cast<uint32_t>(a.tensors.size()));
@@ -256,7 +276,7 @@ void write_node(Writer& w, const Node& n) {
     write_geometry(w, x.after);
   }
   w.put<uint8_t>(n.seed.has_value());
-  if (n.seed) w.put<uint64_t>(*n.seed);
+  if (n.seed) values.put<uint64_t>(*n.seed);
   w.put<int8_t>(static_cast<int8_t>(n.state.default_dtype));
   w.put<uint8_t>(n.state.deterministic);
   w.put<uint8_t>(n.state.deterministic_warn_only);
@@ -264,7 +284,8 @@ void write_node(Writer& w, const Node& n) {
   w.put<int8_t>(n.state.matmul_precision);
 }
 
-NodePtr read_node(Reader& r) {
+NodePtr read_node(Reader& r, std::vector<int>& holes) {
+  holes.clear();
   auto n = std::make_shared<Node>();
   const std::string name(r.get_bytes());
   n->name = intern(name);
@@ -274,7 +295,6 @@ NodePtr read_node(Reader& r) {
   auto op = c10::Dispatcher::singleton().findSchema({op_name, overload});
   TORCH_CHECK(op.has_value(), "torch_mgpu: operator ", name, " does not exist in this process");
   n->op = *op;
-  n->id = r.get<uint64_t>();
   n->where = intern(r.get_bytes());
   const auto operands = r.get<uint32_t>();
   const auto args = r.get<uint32_t>();
@@ -284,7 +304,12 @@ NodePtr read_node(Reader& r) {
     TORCH_CHECK(static_cast<uint8_t>(a.kind) <= static_cast<uint8_t>(Arg::Kind::OptionalTensorList),
                 "torch_mgpu: a remote message holds an unknown argument kind");
     if (a.kind == Arg::Kind::Constant) {
-      a.constant = read_value(r);
+      if (r.peek<Tag>() == Tag::Hole) {
+        r.get<Tag>();
+        holes.push_back(static_cast<int>(k));  // filled by patch_node
+      } else {
+        a.constant = read_value(r);
+      }
     } else {
       const auto count = r.get<uint32_t>();
       for (uint32_t t = 0; t < count; ++t) {
@@ -324,13 +349,19 @@ NodePtr read_node(Reader& r) {
                 x.arg, " is out of range");
     n->written.push_back(std::move(x));
   }
-  if (r.get<uint8_t>()) n->seed = r.get<uint64_t>();
+  if (r.get<uint8_t>()) n->seed = 0;  // its value comes with each run
   n->state.default_dtype = static_cast<c10::ScalarType>(r.get<int8_t>());
   n->state.deterministic = r.get<uint8_t>();
   n->state.deterministic_warn_only = r.get<uint8_t>();
   n->state.fill_uninitialized = r.get<uint8_t>();
   n->state.matmul_precision = r.get<int8_t>();
   return n;
+}
+
+void patch_node(Node& n, const std::vector<int>& holes, Reader& values) {
+  n.id = values.get<uint64_t>();
+  for (int a : holes) n.args[a].constant = read_value(values);
+  if (n.seed) n.seed = values.get<uint64_t>();
 }
 
 } // namespace torch_mgpu::runtime

@@ -50,6 +50,13 @@ class Reader {
     p_ += sizeof(T);
     return v;
   }
+  template <typename T>
+  T peek() const {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    return v;
+  }
   std::string_view get_bytes() {
     const auto n = get<uint64_t>();
     need(n);
@@ -68,12 +75,17 @@ class Reader {
 // Whether `n` can be written (see above).
 bool serializable(const Node& n);
 // Writes an Op node (everything but its operands' identities: the reader
-// gets their bytes in order).
-void write_node(Writer& w, const Node& n);
-// A node read back, its operator looked up by name; it has no operands
-// (run_node reads their bytes, not their Values). Raises on malformed input
-// or an operator this process does not have.
-NodePtr read_node(Reader& r);
+// gets their bytes in order) in two parts: `w` its structure, the same
+// each time the same program runs (a worker keeps it), `values` what may
+// change from run to run (its id, seed, floating and tensor constants).
+void write_node(Writer& w, Writer& values, const Node& n);
+// A node read back from its structure, its operator looked up by name; it
+// has no operands (run_node reads their bytes, not their Values). `holes`:
+// its arguments whose values patch_node fills. Raises on malformed input or
+// an operator this process does not have.
+NodePtr read_node(Reader& r, std::vector<int>& holes);
+// Fills in a node's run-to-run values (written to `values` by write_node).
+void patch_node(Node& n, const std::vector<int>& holes, Reader& values);
 
 void write_geometry(Writer& w, const TensorGeometry& g);
 TensorGeometry read_geometry(Reader& r);

@@ -52,12 +52,16 @@ ir::NodePtr make_node(const char* name, const char* overload, std::vector<ir::Ar
   return n;
 }
 
+// Written as structure and values, read back, its values filled in.
 ir::NodePtr round_trip(const ir::Node& n) {
-  runtime::Writer w;
-  runtime::write_node(w, n);
-  runtime::Reader r(w.bytes());
-  auto back = runtime::read_node(r);
+  runtime::Writer w, values;
+  runtime::write_node(w, values, n);
+  runtime::Reader r(w.bytes()), rv(values.bytes());
+  std::vector<int> holes;
+  auto back = runtime::read_node(r, holes);
+  runtime::patch_node(*back, holes, rv);
   EXPECT_TRUE(r.done());
+  EXPECT_TRUE(rv.done());
   return back;
 }
 
@@ -84,6 +88,35 @@ TEST(Remote, NodeReadBackRunsAsWritten) {
   EXPECT_EQ(back->args[0].tensors[0]->geom, n->args[0].tensors[0]->geom);
   EXPECT_EQ(back->outputs[0].geom, n->outputs[0].geom);
   EXPECT_TRUE(torch::equal(run(*back, {a, b}), a + 0.25 * b));
+}
+
+TEST(Remote, AStructureKeptByAWorkerRunsWithEachRunsValues) {
+  // The same program with another learning rate and seed: the structure
+  // is byte for byte the same, the values are not.
+  auto a = torch::randn({5});
+  auto b = torch::randn({5});
+  auto n = make_node("aten::add", "Tensor", {tensor_arg(0, a), tensor_arg(1, b), constant(c10::Scalar(0.5))},
+                     torch::empty({5}), {a, b});
+  n->seed = 1;
+  auto m = make_node("aten::add", "Tensor", {tensor_arg(0, a), tensor_arg(1, b), constant(c10::Scalar(-3.0))},
+                     torch::empty({5}), {a, b});
+  m->seed = 2;
+  runtime::Writer wn, vn, wm, vm;
+  runtime::write_node(wn, vn, *n);
+  runtime::write_node(wm, vm, *m);
+  EXPECT_EQ(wn.bytes(), wm.bytes());
+  EXPECT_NE(vn.bytes(), vm.bytes());
+  runtime::Reader r(wn.bytes());
+  std::vector<int> holes;
+  auto kept = runtime::read_node(r, holes);
+  EXPECT_EQ(holes, std::vector<int>{2});
+  for (auto* values : {&vn, &vm, &vn}) {
+    runtime::Reader rv(values->bytes());
+    runtime::patch_node(*kept, holes, rv);
+    const double alpha = values == &vn ? 0.5 : -3.0;
+    EXPECT_EQ(*kept->seed, values == &vn ? 1u : 2u);
+    EXPECT_TRUE(torch::equal(run(*kept, {a, b}), torch::add(a, b, alpha)));
+  }
 }
 
 TEST(Remote, ConstantsOfEveryPlainKindCross) {
@@ -115,19 +148,20 @@ TEST(Remote, ConstantsOfEveryPlainKindCross) {
 TEST(Remote, MalformedBytesRaise) {
   auto x = torch::randn({3});
   auto n = make_node("aten::relu", "", {tensor_arg(0, x)}, torch::empty({3}), {x});
-  runtime::Writer w;
-  runtime::write_node(w, *n);
+  runtime::Writer w, values;
+  runtime::write_node(w, values, *n);
   const std::string& bytes = w.bytes();
+  std::vector<int> holes;
   for (size_t cut : {size_t(0), size_t(5), bytes.size() / 2, bytes.size() - 1}) {
     runtime::Reader r(bytes.data(), cut);
-    EXPECT_THROW(runtime::read_node(r), c10::Error) << cut;
+    EXPECT_THROW(runtime::read_node(r, holes), c10::Error) << cut;
   }
   // An operator this process lacks.
   runtime::Writer bad;
   bad.put_string("aten::no_such_op.x");
   runtime::Reader r(bad.bytes());
   try {
-    runtime::read_node(r);
+    runtime::read_node(r, holes);
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not exist in this process"), std::string::npos);
