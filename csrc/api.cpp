@@ -135,8 +135,8 @@ void release_workers() { runtime::release_workers(); }
 
 std::string policy() { return engine::policy(); }
 
-Simulation simulate(int devices, int lanes_per_device, const std::string& policy) {
-  auto s = engine::simulate(devices, lanes_per_device, policy);
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, int hosts) {
+  auto s = engine::simulate(devices, lanes_per_device, policy, "", hosts);
   Simulation out;
   out.makespan = s.makespan;
   out.lower_bound = s.lower_bound;

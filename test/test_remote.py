@@ -436,3 +436,23 @@ def test_two_hosts_in_network_namespaces(two_hosts):
     out = finish(controller, [worker])
     assert controller.returncode == 0 and "DONE" in out, out
     assert worker.returncode == 0, worker.stdout.read()
+
+
+def test_simulate_plans_for_several_hosts():
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        xs = [torch.randn(256, 256, device="mgpu") for _ in range(12)]
+        out = sum((x @ x).tanh() for x in xs)
+        one = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="heft")
+        three = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="heft", hosts=3)
+        lanes = {e["lane"] for e in three.plan.timeline()}
+        assert {"rank1:cpu/lane0", "rank2:cpu/lane0"} <= lanes, lanes
+        assert three.makespan < 0.75 * one.makespan, (three, one)
+        with pytest.raises(RuntimeError, match="hosts must be >= 1"):
+            torch_mgpu.simulate(hosts=0)
+        with pytest.raises(RuntimeError, match="CPU lanes only"):
+            torch_mgpu.simulate(device="h100", hosts=2)
+        assert torch.allclose(out.cpu(), sum((x.cpu() @ x.cpu()).tanh() for x in xs))
+    finally:
+        torch_mgpu.set_async_ops(before)

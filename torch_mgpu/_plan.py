@@ -125,7 +125,8 @@ class Simulation:
                 f"critical_path={self.critical_path * 1e3:.3f} ms, total_work={self.total_work * 1e3:.3f} ms)")
 
 
-def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None, device: str = None) -> Simulation:
+def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None, device: str = None,
+             hosts: int = 1) -> Simulation:
     """Plans the pending graph for `devices` virtual devices with
     `lanes_per_device` lanes each, without running anything.
 
@@ -134,10 +135,15 @@ def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None, de
     `lanes_per_device` streams each, whatever this machine has. A GPU's
     streams share it: kernels that each fill the device do not overlap.
 
+    `hosts` > 1 plans for that many processes: this one with the devices
+    above, each other one a worker rank with one lane ("rank1:cpu/lane0",
+    lanes on other ranks), behind the network measured at `configure` (or
+    the cost model's figures where no worker was configured).
+
     Only what is pending is planned: with background execution on (see
     `torch_mgpu.set_async_ops`), a capture longer than `async_ops()` ops has
     partly run already, so turn it off to simulate a whole program."""
-    return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or "", device or ""))
+    return Simulation(_C._simulate(int(devices), int(lanes_per_device), policy or "", device or "", int(hosts)))
 
 
 def device_profiles() -> dict:

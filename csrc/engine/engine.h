@@ -63,7 +63,10 @@ struct Simulation {
 // Plans the pending graph for K virtual devices with S lanes each, runs
 // nothing. `device`: a GPU profile's name (plan/topology.h: "h100", ...)
 // for K such GPUs with S streams each; empty: devices like the current ones.
-Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device = "");
+// `hosts` > 1: that many processes, this one with the devices above and
+// each other one a worker rank with one lane (lanes on other ranks).
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device = "",
+                    int hosts = 1);
 
 // Computes every pending value (the sync point). Raises the first error an
 // op raised during execution, after binding everything that did compute.

@@ -47,11 +47,15 @@ std::shared_ptr<const PlanRecord> last_plan() {
   return last_plan_slot();
 }
 
-Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device) {
+Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device,
+                    int hosts) {
   capture::StateLock lock;
   auto lanes = current_lanes();
   TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
   TORCH_CHECK(devices >= 1, "torch_mgpu.simulate: devices must be >= 1, got ", devices);
+  TORCH_CHECK(hosts >= 1, "torch_mgpu.simulate: hosts must be >= 1, got ", hosts);
+  TORCH_CHECK(hosts == 1 || device.empty(), "torch_mgpu.simulate: several hosts are simulated with CPU lanes only "
+              "(device profiles and hosts together are not supported yet)");
   plan::Topology topo;
   plan::CostModel gpu;
   if (!device.empty()) {
@@ -61,9 +65,19 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
     topo = plan::make_topology(names, lanes_per_device, host_cores());
   } else {
     topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
+    if (hosts > 1) {
+      // Each other host: a worker rank, one lane over the network measured
+      // at configure (or the cost model's figures).
+      auto names = topo.devices;
+      for (int h = 1; h < hosts; ++h) names.push_back("rank" + std::to_string(h) + ":cpu");
+      const auto cores = topo.cores;
+      topo = plan::make_topology(names, lanes_per_device, cores);
+      topo.link_latency_s = lanes->topo.link_latency_s;
+      topo.link_bytes_per_s = lanes->topo.link_bytes_per_s;
+    }
   }
   ir::Graph g = ir::build_graph(pending_roots());
-  const auto& cm = device.empty() ? cost_model() : gpu;
+  const plan::CostModel cm = device.empty() ? plan::with_link(cost_model(), topo) : gpu;
   const std::string& pol = policy.empty() ? lanes->policy : policy;
   // The plan a sync would run: for lanes like the current ones, the cached
   // plan of this graph if there is one (refined by its measured runs); else

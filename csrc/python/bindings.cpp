@@ -336,11 +336,11 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
-  m.def("_simulate", [](int devices, int lanes, const std::string& policy, const std::string& device) {
+  m.def("_simulate", [](int devices, int lanes, const std::string& policy, const std::string& device, int hosts) {
     torch_mgpu::engine::Simulation s;
     {
       py::gil_scoped_release nogil;
-      s = torch_mgpu::engine::simulate(devices, lanes, policy, device);
+      s = torch_mgpu::engine::simulate(devices, lanes, policy, device, hosts);
     }
     py::dict d;
     d["makespan"] = s.makespan;

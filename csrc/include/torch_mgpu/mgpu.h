@@ -106,6 +106,6 @@ struct Simulation {
 };
 // Plans the pending graph for `devices` virtual devices with
 // `lanes_per_device` lanes each, without running it.
-Simulation simulate(int devices, int lanes_per_device = 1, const std::string& policy = "");
+Simulation simulate(int devices, int lanes_per_device = 1, const std::string& policy = "", int hosts = 1);
 
 } // namespace torch_mgpu
