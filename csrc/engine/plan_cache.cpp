@@ -4,6 +4,7 @@
 #include "engine/config.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
+#include "runtime/serialize.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -34,12 +35,42 @@ bool same_topology(const plan::Topology& a, const plan::Topology& b) {
 
 } // namespace
 
+namespace {
+// Nodes a worker cannot be sent (a constant that is not plain data, such as
+// a custom class) move to this process's first lane. Every lane then runs
+// its nodes by their predicted start (a node starts after what it reads
+// ends, so the lanes' orders agree with the graph's).
+void keep_unsendable_here(const ir::Graph& g, const plan::Topology& topo, plan::Plan& p) {
+  int here = -1;
+  for (size_t l = 0; l < topo.lanes.size() && here < 0; ++l)
+    if (topo.lanes[l].rank == 0) here = static_cast<int>(l);
+  if (here < 0) return;  // no lane here: the node fails on its worker lane, naming its constant
+  bool moved = false;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (topo.lanes[p.lane_of[i]].rank != 0 && !runtime::serializable(*g.nodes[i])) {
+      p.lane_of[i] = here;
+      moved = true;
+    }
+  if (!moved) return;
+  for (auto& order : p.lane_order) order.clear();
+  std::vector<int> all(g.size());
+  for (size_t i = 0; i < g.size(); ++i) all[i] = static_cast<int>(i);
+  std::stable_sort(all.begin(), all.end(), [&](int a, int b) {
+    return std::make_pair(p.predicted_start[a], a) < std::make_pair(p.predicted_start[b], b);
+  });
+  for (int i : all) p.lane_order[p.lane_of[i]].push_back(i);
+  p.fusion = plan::Fusion();  // its groups followed the old orders
+}
+} // namespace
+
 plan::Plan make_plan_for(const ir::Graph& g, const plan::Topology& topo, const plan::CostModel& cm,
                          const std::string& policy, bool streams, const std::vector<double>& scale) {
   // Plans that run on CPU lanes fuse runs of elementwise ops (plan/fusion.h);
   // stream lanes (CUDA, or CPU under the stream sanitizer) run every node alone.
   const bool fused = plan::fusion_enabled() && !topo.cuda && !streams;
-  return plan::make_plan(g, topo, cm, policy, fused, scale);
+  plan::Plan p = plan::make_plan(g, topo, cm, policy, fused, scale);
+  if (topo.remote) keep_unsendable_here(g, topo, p);
+  return p;
 }
 
 std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan::Topology& topo,
