@@ -28,6 +28,9 @@ class Plan:
         self.compiled = head["compiled"]
         self.lanes_used = head["lanes_used"]
         self.transfers = head["transfers"]
+        # Lanes on other ranks: bytes of values sent to and received from workers.
+        self.remote_bytes_sent = head["remote_bytes_sent"]
+        self.remote_bytes_received = head["remote_bytes_received"]
         self.fused_nodes = head["fused_nodes"]
         self._nodes = head["nodes"]
         self._timeline = None
@@ -85,6 +88,8 @@ class Plan:
         lines = [
             f"Plan: {len(self)} nodes on {self.lanes_used} of {len(self.lanes)} lane(s) "
             f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)"
+            + (f", {self.remote_bytes_sent} bytes to and {self.remote_bytes_received} from other ranks"
+               if self.remote_bytes_sent or self.remote_bytes_received else "")
             + (", refined by measured node times" if self.refined else "")
             + (f", tier 1: compiled {self.compiled}" if self.tier else ""),
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "

@@ -24,6 +24,7 @@ struct PlanRecord {
   std::string policy;
   int lanes_used = 1;
   int transfers = 0;
+  int64_t remote_bytes_sent = 0, remote_bytes_received = 0;  // values to and from other ranks
   double predicted_makespan = 0;
   double measured_makespan = 0;
   bool refined = false;  // planned with measured node times (plan::Plan::refined)

@@ -27,6 +27,8 @@ std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, co
   if (r) {
     rec->timing = r->timing;
     rec->measured_makespan = r->makespan;
+    rec->remote_bytes_sent = r->remote_bytes_sent;
+    rec->remote_bytes_received = r->remote_bytes_received;
   }
   rec->fused = p.fusion.group_of;
   rec->predicted_start = p.predicted_start;

@@ -44,6 +44,8 @@ py::dict plan_summary(const PlanHandle& h) {
   d["lanes"] = r.lane_names;
   d["lanes_used"] = r.lanes_used;
   d["transfers"] = r.transfers;
+  d["remote_bytes_sent"] = r.remote_bytes_sent;
+  d["remote_bytes_received"] = r.remote_bytes_received;
   d["predicted_makespan"] = r.predicted_makespan;
   d["measured_makespan"] = r.measured_makespan;
   d["refined"] = r.refined;

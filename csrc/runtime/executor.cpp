@@ -15,6 +15,7 @@
 #include "runtime/remote.h"
 #include "runtime/serialize.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -124,6 +125,7 @@ struct Run {
     double sent_at = 0;  // when the program left (its steps' times count from here)
   };
   std::vector<std::unique_ptr<RemoteLane>> remote_lanes;
+  std::atomic<int64_t> sent_bytes{0}, received_bytes{0};
 
   ~Run() {
     for (const auto& c : copies) ir::release(c.second.bytes);
@@ -439,7 +441,10 @@ struct Run {
         std::lock_guard<std::mutex> lock(m);
         program = build_program(rl, blobs);
       }
-      for (const auto& b : blobs) observers().transferred(b.nbytes());
+      for (const auto& b : blobs) {
+        observers().transferred(b.nbytes());
+        sent_bytes += static_cast<int64_t>(b.nbytes());
+      }
       {
         std::lock_guard<std::mutex> lock(m);
         rl.sent_at = now();
@@ -495,6 +500,7 @@ struct Run {
           observers().before_transfer();
           rl.rem->send(Msg::Import, w.bytes(), {bytes});
           observers().transferred(bytes.nbytes());
+          sent_bytes += static_cast<int64_t>(bytes.nbytes());
         } else {
           rl.rem->send(Msg::Missing, w.bytes(), {});
         }
@@ -544,6 +550,7 @@ struct Run {
             const auto s = r.get<uint32_t>();
             const auto k = r.get<uint32_t>();
             observers().transferred(b.nbytes());
+            received_bytes += static_cast<int64_t>(b.nbytes());
             results[s].emplace_back(static_cast<int>(k), std::move(b));
           }
           for (size_t s = 0; s < rl.steps.size(); ++s) {
@@ -576,6 +583,7 @@ struct Run {
           std::vector<std::pair<int, c10::Storage>> got;
           for (auto& b : blobs) {
             observers().transferred(b.nbytes());
+            received_bytes += static_cast<int64_t>(b.nbytes());
             got.emplace_back(static_cast<int>(r.get<uint32_t>()), std::move(b));
           }
           remote_done(i, std::move(got));
@@ -620,6 +628,7 @@ struct Run {
               observers().before_transfer();
               got = rl->rem->get(remote_slot[output_at[i] + k], vals[k].nbytes());
               observers().transferred(got.nbytes());
+              received_bytes += static_cast<int64_t>(got.nbytes());
             } catch (const std::exception& e) {
               // A value the worker freed after its last use (its readers
               // ran before the failure) is needed by nothing; one on a lost
@@ -972,6 +981,8 @@ ExecResult::ExecResult(ExecResult&& o) noexcept
       first_message(std::move(o.first_message)),
       messages(std::move(o.messages)),
       makespan(o.makespan),
+      remote_bytes_sent(o.remote_bytes_sent),
+      remote_bytes_received(o.remote_bytes_received),
       started(o.started) {}
 
 ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
@@ -984,6 +995,8 @@ ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
     first_message = std::move(o.first_message);
     messages = std::move(o.messages);
     makespan = o.makespan;
+    remote_bytes_sent = o.remote_bytes_sent;
+    remote_bytes_received = o.remote_bytes_received;
     started = o.started;
   }
   return *this;
@@ -1044,6 +1057,8 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
       LanePool::instance().run(jobs, p.threads_per_lane);
     }
     run.finish_remote();
+    res.remote_bytes_sent = run.sent_bytes.load();
+    res.remote_bytes_received = run.received_bytes.load();
   } catch (const std::exception& e) {
     // The run could not start (a lane thread could not be made, memory ran
     // out): nothing that did not finish ran. Lanes are done here.

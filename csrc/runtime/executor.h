@@ -38,6 +38,9 @@ struct ExecResult {
   // Failed nodes: each one's own error message (its op and caller named).
   std::unordered_map<int, std::string> messages;
   double makespan = 0;
+  // Lanes on other ranks: bytes of values sent to workers (inputs, kept
+  // values the first time) and received from them.
+  int64_t remote_bytes_sent = 0, remote_bytes_received = 0;
   std::chrono::steady_clock::time_point started;  // timing[i] counts from here
 
   ExecResult() = default;
