@@ -254,7 +254,8 @@ def test_bad_remote_devices_are_refused_at_configure():
     run_world("""
         before = torch_mgpu.lanes()
         for devs, words in ((["rank5:cpu"], "unknown rank 5"), (["rank0:cpu"], "rank0"),
-                            (["rank1:cuda:0"], "remote devices are CPUs"), (["rankx:cpu"], "unknown device")):
+                            (["rank1:cuda:0"], "remote devices are CPUs"), (["rankx:cpu"], "unknown device"),
+                            (["rank1:cpu", "rank01:cpu"], "rank 1 is named twice")):
             try:
                 torch_mgpu.configure(devices=devs)
             except RuntimeError as e:
@@ -346,6 +347,49 @@ def test_a_worker_whose_controller_dies_exits_by_itself():
     assert "went away" in workers[0].stdout.read()
 
 
+def test_results_of_steps_that_also_export_come_back():
+    # Intermediate products are results (held here) and read by another
+    # lane: each comes back once, with its value.
+    run_world("""
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch.manual_seed(4)
+        xs = [torch.randn(96, 96) for _ in range(6)]
+        ms = [x.to("mgpu") for x in xs]
+        for step in range(2):
+            inter = [m @ m for m in ms]
+            out = sum(i.tanh() for i in inter)
+            same(out, sum((x @ x).tanh() for x in xs))
+            for i, x in zip(inter, xs):
+                same(i, x @ x)
+        done()
+    """)
+
+
+def test_a_failure_in_a_chain_that_crosses_workers_leaves_them_serving():
+    # A sum chain alternating between two workers, one of its terms failed:
+    # steps there read a lost value beside one the other worker sends. Both
+    # workers take every input and serve the next sync.
+    run_world("""
+        torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
+        torch.manual_seed(6)
+        xs = [torch.randn(128, 128) for _ in range(8)]
+        ms = [x.to("mgpu") for x in xs]
+        mask = torch.ones(128, 128, dtype=torch.bool).to("mgpu")
+        terms = [(m @ m).sin() for m in ms]
+        terms[1] = terms[1].masked_scatter(mask, torch.randn(5).to("mgpu"))
+        out = sum(terms)
+        try:
+            out.cpu()
+        except RuntimeError as e:
+            assert "Number of elements" in str(e) or "masked_scatter" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        for step in range(2):
+            same(sum((m @ m).sin() for m in ms), sum((x @ x).sin() for x in xs))
+        done()
+    """, world=3)
+
+
 def test_three_ranks_values_cross_between_workers():
     # No lane here: every value that crosses goes from one worker to the
     # other through this process.
@@ -431,7 +475,7 @@ def test_two_hosts_in_network_namespaces(two_hosts):
                               stderr=subprocess.STDOUT, text=True)
     code = PRELUDE + textwrap.dedent("""
         import socket
-        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch_mgpu.configure(devices=["rank1:cpu"])
         torch.manual_seed(3)
         xs = [torch.randn(192, 192) for _ in range(6)]
         out = sum((x.to("mgpu") @ x.to("mgpu")).tanh() for x in xs)

@@ -58,7 +58,16 @@ void check_remote_devices(plan::Topology& t) {
     rates.push_back(static_cast<double>(kProbe) / std::max(1e-6, took - best));
   }
   if (trips.empty()) return;
-  t.link_latency_s = *std::max_element(trips.begin(), trips.end()) / 2;
+  // A value that crosses ranks mid-run also waits for the threads that
+  // carry it (the transport's, the receiving lane's) to get a core while
+  // both processes compute: on a loaded machine a scheduler time slice,
+  // far above an idle round trip (measured on 2 cores: plans made with
+  // the idle figure, ~50 us, cut kNN's chains between ranks and ran 0.8x
+  // one rank; with 1 ms, 1.4-1.9x). Plans use at least that;
+  // TORCH_MGPU_NETWORK_LATENCY_US sets the figure.
+  constexpr double kBusyLatency = 1e-3;
+  t.link_latency_s = std::max(kBusyLatency, *std::max_element(trips.begin(), trips.end()) / 2);
+  if (const char* us = std::getenv("TORCH_MGPU_NETWORK_LATENCY_US")) t.link_latency_s = std::atof(us) * 1e-6;
   t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
 }
 

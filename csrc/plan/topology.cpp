@@ -37,8 +37,8 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
       TORCH_CHECK(local == "cpu", "torch_mgpu: unknown device '", s,
                   "' (remote devices are CPUs for now: 'rank", rank, ":cpu')");
       TORCH_CHECK(rank >= 1, "torch_mgpu: 'rank0' is this process: name its devices without a rank ('cpu')");
-      for (size_t e = 0; e < d; ++e)
-        TORCH_CHECK(devices[e] != s, "torch_mgpu: device '", s, "' is named twice (a worker rank is one device)");
+      for (const auto& lane : t.lanes)
+        TORCH_CHECK(lane.rank != rank, "torch_mgpu: rank ", rank, " is named twice (a worker rank is one device)");
     }
     bool is_cuda = local.size() > 5 && local.rfind("cuda:", 0) == 0 &&
         local.find_first_not_of("0123456789", 5) == std::string::npos;

@@ -122,6 +122,7 @@ struct Run {
     };
     std::vector<Later> later;
     bool sent = false, send_failed = false;
+    std::vector<int64_t> fresh;  // kept values this program sends first
     double sent_at = 0;  // when the program left (its steps' times count from here)
   };
   std::vector<std::unique_ptr<RemoteLane>> remote_lanes;
@@ -373,7 +374,10 @@ struct Run {
           if (first) {
             bool fresh = false;
             const int64_t id = rem.resident(v.node, fresh, dead);
-            if (fresh) puts.emplace_back(id, v.node->data);
+            if (fresh) {
+              puts.emplace_back(id, v.node->data);
+              rl.fresh.push_back(id);
+            }
             resident_ids.push_back(id);
           }
           ref = -1 - it->second;
@@ -434,9 +438,9 @@ struct Run {
   // Sends lane rl's program (from the calling thread, before the lanes
   // start: the worker begins while they wake up).
   void send_program(RemoteLane& rl) noexcept {
+    std::string program;
     try {
       std::vector<c10::Storage> blobs;
-      std::string program;
       {
         std::lock_guard<std::mutex> lock(m);
         program = build_program(rl, blobs);
@@ -451,7 +455,10 @@ struct Run {
       }
       rl.rem->send(Msg::Exec, program, blobs);
     } catch (const std::exception&) {
-      rl.rem->forget_residents();  // whatever it kept is unknown now
+      // Not built (a node that cannot be sent): the values it would have
+      // sent first are not there. Not sent: the rank is lost.
+      if (program.empty()) rl.rem->unregister(rl.fresh);
+      else rl.rem->forget_residents();
       std::lock_guard<std::mutex> lock(m);
       rl.send_failed = true;
       for (size_t s = 0; s < rl.steps.size(); ++s)
@@ -556,10 +563,16 @@ struct Run {
           for (size_t s = 0; s < rl.steps.size(); ++s) {
             const int i = rl.steps[s];
             res.timing[i] = NodeTiming{rl.lane, rl.sent_at + times[s].first, rl.sent_at + times[s].second, 1};
-            if (rl.reported[s]) continue;
-            rl.reported[s] = 1;
-            if (status[s] == 1) remote_done(i, std::move(results[static_cast<uint32_t>(s)]));
+            auto got = results.find(static_cast<uint32_t>(s));
+            if (rl.reported[s]) {
+              // Reported before (it ran and kept its outputs there, or
+              // exported some): its results replace their stand-ins.
+              if (got != results.end() && res.status[i] == Status::Ok) attach(i, std::move(got->second));
+              continue;
+            }
+            if (status[s] == 1) remote_done(i, got == results.end() ? decltype(got->second)() : std::move(got->second));
             else fail(i, Status::Skipped, nullptr, "");
+            rl.reported[s] = 1;
           }
           cv.notify_all();
           return;
@@ -573,10 +586,9 @@ struct Run {
         // step says so at once) and keep their outputs there.
         for (; rl.cursor < s; ++rl.cursor)
           if (!rl.reported[rl.cursor]) {
-            rl.reported[rl.cursor] = 1;
             remote_done(rl.steps[rl.cursor], {});
+            rl.reported[rl.cursor] = 1;
           }
-        rl.reported[s] = 1;
         if (kind == Msg::Skipped) {
           fail(i, Status::Skipped, nullptr, "");
         } else if (kind == Msg::Export) {
@@ -595,17 +607,35 @@ struct Run {
           observers().node_failed();
           fail(i, Status::Failed, e, msg);
         }
+        rl.reported[s] = 1;
         cv.notify_all();
       }
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      // A message that could not be taken leaves the connection out of step
+      // (a late answer would be read by the next run): the rank is lost.
+      rl.rem->poison(message_of(e));
       std::lock_guard<std::mutex> lock(m);
       for (size_t s = 0; s < rl.steps.size(); ++s)
-        if (!rl.reported[s] && res.status[rl.steps[s]] == Status::NotRun) {
+        if (res.status[rl.steps[s]] == Status::NotRun) {
           rl.reported[s] = 1;
           observers().node_failed();
           fail(rl.steps[s], Status::Failed, std::current_exception(), message_of_current());
         }
       cv.notify_all();
+    }
+  }
+
+  // Results of node i (already Ok, its outputs kept there) that came back:
+  // they replace their stand-ins. Under the lock.
+  void attach(int i, std::vector<std::pair<int, c10::Storage>> got) {
+    auto& vals = res.values[i];
+    for (auto& [k, bytes] : got) {
+      TORCH_CHECK(k >= 0 && k < static_cast<int>(vals.size()) && bytes.nbytes() >= g.nodes[i]->outputs[k].nbytes,
+                  "torch_mgpu: a worker sent back a value of the wrong size");
+      if (!is_stand_in(vals[k])) continue;
+      ir::release(vals[k]);
+      vals[k] = std::move(bytes);
+      ir::hold(vals[k]);
     }
   }
 

@@ -31,8 +31,8 @@ enum class ErrorClass : uint8_t { Error, Index, Value, Type, NotImplemented, Lin
 std::chrono::milliseconds timeout() {
   static const auto t = [] {
     const char* s = std::getenv("TORCH_MGPU_REMOTE_TIMEOUT");
-    double seconds = s ? std::atof(s) : 300.0;
-    if (seconds <= 0) seconds = 300.0;
+    double seconds = s ? std::atof(s) : 3600.0;
+    if (seconds <= 0) seconds = 3600.0;
     return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }();
   return t;
@@ -47,15 +47,18 @@ std::chrono::milliseconds timeout() {
 // large one more.
 constexpr size_t kLargeBlob = 64 << 10;
 
+std::chrono::milliseconds forever() { return std::chrono::milliseconds(std::numeric_limits<int32_t>::max()); }
+
 at::Tensor bytes_of(const c10::Storage& s) {
   return at::from_blob(s.mutable_data(), {static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
 }
 
 // Sends queued and not yet waited for: their tensors stay alive with them.
 struct Pending {
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::vector<at::Tensor> tensors;
+  // Destroyed last to first: the sends before the bytes they read.
   std::vector<c10::Storage> storages;  // what the tensors view
+  std::vector<at::Tensor> tensors;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   void wait() {
     for (auto& w : works) w->wait(timeout());
     works.clear();
@@ -400,6 +403,22 @@ bool Remote::knows_program(uint64_t key, std::vector<uint64_t>& forget) {
   return !fresh;
 }
 
+void Remote::poison(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(reason_m_);
+    if (reason_.empty()) reason_ = why;
+  }
+  lost_ = true;
+}
+
+void Remote::unregister(const std::vector<int64_t>& ids) {
+  std::lock_guard<std::mutex> lock(residents_m_);
+  for (auto it = residents_.begin(); it != residents_.end();) {
+    if (std::find(ids.begin(), ids.end(), it->second.second) != ids.end()) it = residents_.erase(it);
+    else ++it;
+  }
+}
+
 void Remote::forget_residents() {
   std::lock_guard<std::mutex> lock(residents_m_);
   residents_.clear();
@@ -521,9 +540,30 @@ struct Worker {
   };
   std::unordered_map<uint64_t, Program> programs;  // kept structures, by key
 
+  // Each tensor a step views lies inside its operand's bytes (a malformed
+  // program raises here instead of reading or writing outside them).
+  static void check_views(const Step& st, const std::vector<c10::Storage>& operands) {
+    for (const auto& a : st.node->args)
+      for (const auto& t : a.tensors) {
+        if (!t) continue;
+        const auto& g = t->geom;
+        TORCH_CHECK(t->operand >= 0 && static_cast<size_t>(t->operand) < operands.size(),
+                    "torch_mgpu: a view of operand ", t->operand, " of ", operands.size());
+        TORCH_CHECK(static_cast<int>(g.dtype) >= 0 && static_cast<int>(g.dtype) < static_cast<int>(c10::ScalarType::NumOptions),
+                    "torch_mgpu: a view has an unknown dtype");
+        TORCH_CHECK(g.offset >= 0, "torch_mgpu: a view has a negative offset");
+        for (auto stride : g.strides) TORCH_CHECK(stride >= 0, "torch_mgpu: a view has a negative stride");
+        const size_t item = c10::elementSize(g.dtype);
+        const size_t need = at::detail::computeStorageNbytes(g.sizes, g.strides, item) + static_cast<size_t>(g.offset) * item;
+        TORCH_CHECK(need <= operands[t->operand].nbytes() || c10::multiply_integers(g.sizes) == 0,
+                    "torch_mgpu: a view needs ", need, " bytes of an operand of ", operands[t->operand].nbytes());
+      }
+  }
+
   static Program read_program(Reader& r) {
     Program p;
     p.slots = r.get<uint32_t>();
+    TORCH_CHECK(p.slots <= (1u << 24), "torch_mgpu: a program with ", p.slots, " slots");
     const auto allocs = r.get<uint32_t>();
     for (uint32_t k = 0; k < allocs; ++k) {
       const auto slot = r.get<int64_t>();
@@ -533,8 +573,10 @@ struct Worker {
     }
     p.steps.resize(r.get<uint32_t>());
     for (auto& st : p.steps) {
-      st.node = read_node(r, st.holes);
+      uint32_t operands = 0;
+      st.node = read_node(r, st.holes, &operands);
       const auto n = r.get<uint32_t>();
+      TORCH_CHECK(n == operands, "torch_mgpu: a node of ", operands, " operands was sent with ", n);
       for (uint32_t k = 0; k < n; ++k) {
         st.refs.push_back(r.get<int64_t>());
         st.reuse.push_back(r.get<uint8_t>() != 0);
@@ -576,7 +618,9 @@ struct Worker {
     TORCH_CHECK(found != programs.end(), "torch_mgpu: rank ", pg->getRank(), " was asked to run program ", key,
                 ", which it does not keep");
     Program& prog = found->second;
-    std::vector<int64_t> params(r.get<uint32_t>());
+    const auto nparams = r.get<uint32_t>();
+    TORCH_CHECK(nparams <= r.left() / 8, "torch_mgpu: a program announces ", nparams, " kept values");
+    std::vector<int64_t> params(nparams);
     for (auto& id : params) id = r.get<int64_t>();
     for (auto& st : prog.steps) {
       patch_node(*st.node, st.holes, r);
@@ -604,7 +648,8 @@ struct Worker {
     auto next_input = [&] {
       Msg kind{};
       std::vector<c10::Storage> got;
-      std::string body = receive_message(*backend, 0, kToWorker, kind, &got, timeout());
+      // As long as the controller's lanes take: its death closes the connection.
+      std::string body = receive_message(*backend, 0, kToWorker, kind, &got, forever());
       Reader ir(body);
       const auto slot = ir.get<int64_t>();
       TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an input for slot ", slot,
@@ -640,16 +685,17 @@ struct Worker {
       size_t kept = 0;
       for (auto ref : st.refs) {
         if (ref >= 0) {
+          // Every input the controller sends is taken, even for a step
+          // that will not run: what is left unread would be taken as the
+          // next request.
           while (state[ref] == Absent) next_input();
-          if (state[ref] == Lost) {
-            status = 3;
-            break;
-          }
-          operands.push_back(slots[ref]);
+          if (state[ref] == Lost) status = 3;
+          else operands.push_back(slots[ref]);
         } else {
           operands.push_back(value(-st.kept[kept++]));
         }
       }
+      if (status == 1) check_views(st, operands);
       const double start = now();  // its inputs are here
       if (status == 1) {
         try {
@@ -717,13 +763,12 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
   wk.backend = pg->getBackend(c10::DeviceType::CPU);
   // Waiting for the next request is not bounded: a controller may be idle
   // for long. Its death closes the connection, which ends the wait.
-  const auto forever = std::chrono::milliseconds(std::numeric_limits<int32_t>::max());
   while (true) {
     Msg kind{};
     std::string body;
     std::vector<c10::Storage> blobs;
     try {
-      body = receive_message(*wk.backend, 0, kToWorker, kind, &blobs, forever);
+      body = receive_message(*wk.backend, 0, kToWorker, kind, &blobs, forever());
     } catch (const std::exception& e) {
       if (why) *why = "the controller (rank 0) went away: " + error_text(e);
       return false;

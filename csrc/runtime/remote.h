@@ -10,8 +10,9 @@
 // sizes of the bulk blobs that follow) and each blob as its own byte tensor,
 // sent from and received into a storage's bytes without a copy.
 //
-// Faults: every wait is bounded (TORCH_MGPU_REMOTE_TIMEOUT seconds, default
-// 300; a closed connection is seen at once). A rank that fails to answer is
+// Faults: every wait for a worker is bounded (TORCH_MGPU_REMOTE_TIMEOUT
+// seconds, default 3600: a node may legitimately run long; a closed
+// connection, as when a worker dies, is seen at once). A rank that fails to answer is
 // marked lost: every later call on it raises an error naming it, and
 // configure() refuses it until a new process group brings it back. A worker
 // whose controller goes away returns from serve().
@@ -90,8 +91,13 @@ class Remote {
   bool knows_program(uint64_t key, std::vector<uint64_t>& forget);
   // Forgets the residents and programs (a run that sent them failed part-way).
   void forget_residents();
+  // Forgets the residents under `ids` (a program that would have sent them
+  // was never sent).
+  void unregister(const std::vector<int64_t>& ids);
 
   bool lost() const { return lost_.load(); }
+  // Marks the rank lost (its connection can no longer be trusted).
+  void poison(const std::string& why);
   std::string lost_reason() const;
   void check_alive() const;
   // A fresh id for bytes on this worker.

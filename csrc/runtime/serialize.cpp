@@ -149,7 +149,8 @@ void write_value(Writer& w, const c10::IValue& v) {
   }
 }
 
-c10::IValue read_value(Reader& r) {
+c10::IValue read_value(Reader& r, int depth = 0) {
+  TORCH_CHECK(depth < 32, "torch_mgpu: a constant nested too deep");
   switch (r.get<Tag>()) {
     case Tag::None: return c10::IValue();
     case Tag::Bool: return c10::IValue(r.get<uint8_t>() != 0);
@@ -169,20 +170,34 @@ c10::IValue read_value(Reader& r) {
     case Tag::List: {
       c10::impl::GenericList l(type_of(r.get<Elem>()));
       const auto n = r.get<uint64_t>();
-      for (uint64_t k = 0; k < n; ++k) l.push_back(read_value(r));
+      TORCH_CHECK(n <= r.left(), "torch_mgpu: a list of ", n, " constants");
+      for (uint64_t k = 0; k < n; ++k) l.push_back(read_value(r, depth + 1));
       return c10::IValue(l);
     }
     case Tag::Tuple: {
       std::vector<c10::IValue> el;
       const auto n = r.get<uint64_t>();
-      for (uint64_t k = 0; k < n; ++k) el.push_back(read_value(r));
+      TORCH_CHECK(n <= r.left(), "torch_mgpu: a tuple of ", n, " constants");
+      for (uint64_t k = 0; k < n; ++k) el.push_back(read_value(r, depth + 1));
       return c10::IValue(c10::ivalue::Tuple::create(std::move(el)));
     }
     case Tag::Tensor: {
-      auto dtype = static_cast<c10::ScalarType>(r.get<int8_t>());
-      std::vector<int64_t> sizes(r.get<uint64_t>());
-      for (auto& s : sizes) s = r.get<int64_t>();
+      const auto code = r.get<int8_t>();
+      TORCH_CHECK(code >= 0 && code < static_cast<int8_t>(c10::ScalarType::NumOptions), "torch_mgpu: unknown dtype");
+      auto dtype = static_cast<c10::ScalarType>(code);
+      const auto dims = r.get<uint64_t>();
+      TORCH_CHECK(dims <= 64, "torch_mgpu: a tensor constant of ", dims, " dimensions");
+      std::vector<int64_t> sizes(dims);
+      for (auto& s : sizes) {
+        s = r.get<int64_t>();
+        TORCH_CHECK(s >= 0, "torch_mgpu: a tensor constant of negative size");
+      }
       auto bytes = r.get_bytes();
+      uint64_t want = c10::elementSize(dtype);
+      for (auto n : sizes)
+        TORCH_CHECK(!__builtin_mul_overflow(want, static_cast<uint64_t>(n), &want),
+                    "torch_mgpu: a tensor constant too large");
+      TORCH_CHECK(want == bytes.size(), "torch_mgpu: a remote message's tensor has ", bytes.size(), " bytes for ", want);
       at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
       TORCH_CHECK(bytes.size() == t.nbytes(), "torch_mgpu: a remote message's tensor has ", bytes.size(),
                   " bytes for ", t.nbytes());
@@ -215,7 +230,10 @@ void write_geometry(Writer& w, const TensorGeometry& g) {
 
 TensorGeometry read_geometry(Reader& r) {
   TensorGeometry g;
-  g.dtype = static_cast<c10::ScalarType>(r.get<int8_t>());
+  const auto dtype = r.get<int8_t>();
+  TORCH_CHECK(dtype >= 0 && dtype < static_cast<int8_t>(c10::ScalarType::NumOptions), "torch_mgpu: unknown dtype ",
+              static_cast<int>(dtype));
+  g.dtype = static_cast<c10::ScalarType>(dtype);
   const int dims = r.get<uint8_t>();
   g.sizes.resize(dims);
   g.strides.resize(dims);
@@ -284,7 +302,7 @@ void write_node(Writer& w, Writer& values, const Node& n) {
   w.put<int8_t>(n.state.matmul_precision);
 }
 
-NodePtr read_node(Reader& r, std::vector<int>& holes) {
+NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
   holes.clear();
   auto n = std::make_shared<Node>();
   const std::string name(r.get_bytes());
@@ -297,7 +315,9 @@ NodePtr read_node(Reader& r, std::vector<int>& holes) {
   n->op = *op;
   n->where = intern(r.get_bytes());
   const auto operands = r.get<uint32_t>();
+  if (operand_count) *operand_count = operands;
   const auto args = r.get<uint32_t>();
+  TORCH_CHECK(args <= r.left(), "torch_mgpu: a node announces ", args, " arguments");
   for (uint32_t k = 0; k < args; ++k) {
     Arg a;
     a.kind = r.get<Arg::Kind>();
@@ -312,6 +332,8 @@ NodePtr read_node(Reader& r, std::vector<int>& holes) {
       }
     } else {
       const auto count = r.get<uint32_t>();
+      TORCH_CHECK(count <= r.left() && (a.kind != Arg::Kind::Tensor || count == 1),
+                  "torch_mgpu: a tensor argument with ", count, " tensors");
       for (uint32_t t = 0; t < count; ++t) {
         if (!r.get<uint8_t>()) {
           a.tensors.emplace_back();
@@ -320,6 +342,7 @@ NodePtr read_node(Reader& r, std::vector<int>& holes) {
         TensorRef ref;
         ref.operand = r.get<int32_t>();
         ref.same = r.get<int32_t>();
+        TORCH_CHECK(ref.same >= -1 && ref.same < 1024, "torch_mgpu: a tensor argument names alias ", ref.same);
         ref.geom = read_geometry(r);
         TORCH_CHECK(ref.operand >= 0 && static_cast<uint32_t>(ref.operand) < operands,
                     "torch_mgpu: a remote message's tensor names operand ", ref.operand, " of ", operands);
@@ -329,6 +352,7 @@ NodePtr read_node(Reader& r, std::vector<int>& holes) {
     n->args.push_back(std::move(a));
   }
   const auto outputs = r.get<uint32_t>();
+  TORCH_CHECK(outputs <= r.left(), "torch_mgpu: a node announces ", outputs, " outputs");
   for (uint32_t k = 0; k < outputs; ++k) {
     Output o;
     o.nbytes = r.get<uint64_t>();
@@ -340,6 +364,7 @@ NodePtr read_node(Reader& r, std::vector<int>& holes) {
     n->outputs.push_back(std::move(o));
   }
   const auto written = r.get<uint32_t>();
+  TORCH_CHECK(written <= r.left(), "torch_mgpu: a node announces ", written, " written arguments");
   for (uint32_t k = 0; k < written; ++k) {
     Written x;
     x.arg = r.get<int32_t>();

@@ -65,6 +65,7 @@ class Reader {
     return s;
   }
   bool done() const { return p_ == end_; }
+  size_t left() const { return static_cast<size_t>(end_ - p_); }
 
  private:
   void need(size_t n) const;
@@ -83,7 +84,8 @@ void write_node(Writer& w, Writer& values, const Node& n);
 // has no operands (run_node reads their bytes, not their Values). `holes`:
 // its arguments whose values patch_node fills. Raises on malformed input or
 // an operator this process does not have.
-NodePtr read_node(Reader& r, std::vector<int>& holes);
+// `operands`: how many operands it was written with.
+NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operands = nullptr);
 // Fills in a node's run-to-run values (written to `values` by write_node).
 void patch_node(Node& n, const std::vector<int>& holes, Reader& values);
 
