@@ -122,7 +122,7 @@ def test_branches_split_between_this_process_and_a_worker():
     run_world("""
         torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
         torch.manual_seed(1)
-        xs = [torch.randn(256, 256) for _ in range(8)]
+        xs = [torch.randn(512, 512) for _ in range(8)]  # ~5 ms a product: worth a crossing
         ms = [x.to("mgpu") for x in xs]
         sent = []
         for step in range(3):
@@ -134,8 +134,8 @@ def test_branches_split_between_this_process_and_a_worker():
         assert lanes == {"cpu:0/lane0", "rank1:cpu/lane0"}, lanes
         # The inputs it reads stayed there from the first step (later steps
         # send the values other lanes make only); results came back.
-        assert sent[2] <= sent[0] - 256 * 256 * 4, sent
-        assert plan.remote_bytes_received >= 256 * 256 * 4, str(plan)
+        assert sent[2] <= sent[0] - 512 * 512 * 4, sent
+        assert plan.remote_bytes_received >= 512 * 512 * 4, str(plan)
         assert "from other ranks" in str(plan)
         done()
     """)
@@ -372,9 +372,9 @@ def test_a_failure_in_a_chain_that_crosses_workers_leaves_them_serving():
     run_world("""
         torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
         torch.manual_seed(6)
-        xs = [torch.randn(128, 128) for _ in range(8)]
+        xs = [torch.randn(512, 512) for _ in range(8)]  # worth a crossing
         ms = [x.to("mgpu") for x in xs]
-        mask = torch.ones(128, 128, dtype=torch.bool).to("mgpu")
+        mask = torch.ones(512, 512, dtype=torch.bool).to("mgpu")
         terms = [(m @ m).sin() for m in ms]
         terms[1] = terms[1].masked_scatter(mask, torch.randn(5).to("mgpu"))
         out = sum(terms)
@@ -396,7 +396,7 @@ def test_three_ranks_values_cross_between_workers():
     run_world("""
         torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
         torch.manual_seed(2)
-        xs = [torch.randn(128, 128) for _ in range(6)]
+        xs = [torch.randn(512, 512) for _ in range(6)]  # worth a crossing
         for step in range(2):
             out = sum((x.to("mgpu") @ x.to("mgpu")).sin() for x in xs)
             same(out, sum((x @ x).sin() for x in xs))
@@ -507,5 +507,29 @@ def test_simulate_plans_for_several_hosts():
         with pytest.raises(RuntimeError, match="CPU lanes only"):
             torch_mgpu.simulate(device="h100", hosts=2)
         assert torch.allclose(out.cpu(), sum((x.cpu() @ x.cpu()).tanh() for x in xs))
+    finally:
+        torch_mgpu.set_async_ops(before)
+
+
+def test_cheap_preparation_runs_where_its_readers_run():
+    # Per-block preparation (a norm) ready at once, and a product that reads
+    # it: planned for two hosts, no value crosses ranks, each block's chain
+    # on one rank (what a crossing costs is more than the norm).
+    before = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    try:
+        db = torch.randn(2048, 32).to("mgpu")
+        qs = [torch.randn(256, 32).to("mgpu") for _ in range(6)]
+        torch_mgpu.synchronize()
+        outs = []
+        for q in qs:
+            norm = (q * q).sum(1, keepdim=True)
+            outs.append((norm - 2 * q @ db.t()).topk(4, largest=False).indices)
+        sim = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="auto", hosts=2)
+        ranks = {e["lane"].split(":")[0] for e in sim.plan.timeline()}
+        assert ranks == {"cpu", "rank1"}, ranks
+        assert sim.plan.transfers == 0, str(sim.plan)
+        for o in outs:
+            o.cpu()
     finally:
         torch_mgpu.set_async_ops(before)
