@@ -69,17 +69,15 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
     topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
     if (hosts > 1) {
       // Each other host: a worker rank, one lane over the network measured
-      // at configure (or the cost model's figures).
+      // at configure (cost_model() carries it; else the model's figures).
       auto names = topo.devices;
       for (int h = 1; h < hosts; ++h) names.push_back("rank" + std::to_string(h) + ":cpu");
       const auto cores = topo.cores;
       topo = plan::make_topology(names, lanes_per_device, cores);
-      topo.link_latency_s = lanes->topo.link_latency_s;
-      topo.link_bytes_per_s = lanes->topo.link_bytes_per_s;
     }
   }
   ir::Graph g = ir::build_graph(pending_roots());
-  const plan::CostModel cm = device.empty() ? plan::with_link(cost_model(), topo) : gpu;
+  const plan::CostModel cm = device.empty() ? cost_model() : gpu;  // with the configured network's figures
   const std::string& pol = policy.empty() ? lanes->policy : policy;
   // The plan a sync would run: for lanes like the current ones, the cached
   // plan of this graph if there is one (refined by its measured runs); else

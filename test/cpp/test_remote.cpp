@@ -1,5 +1,6 @@
 // Nodes as bytes (runtime/serialize.h): what a worker rank reads back runs
 // as the node it was written from, and malformed bytes raise.
+#include "capture/lazy_tensor.h"
 #include "ir/node.h"
 #include "runtime/run_node.h"
 #include "runtime/serialize.h"
@@ -12,15 +13,7 @@
 namespace {
 
 using namespace torch_mgpu;
-
-ir::TensorGeometry geometry_of(const at::Tensor& t) {
-  ir::TensorGeometry g;
-  g.dtype = t.scalar_type();
-  g.sizes.assign(t.sizes().begin(), t.sizes().end());
-  g.strides.assign(t.strides().begin(), t.strides().end());
-  g.offset = t.storage_offset();
-  return g;
-}
+using capture::geometry_of;
 
 ir::Arg tensor_arg(int operand, const at::Tensor& t) {
   ir::Arg a;
