@@ -365,6 +365,46 @@ def test_results_of_steps_that_also_export_come_back():
     """)
 
 
+def test_the_chrome_trace_shows_remote_nodes_and_bytes_between_ranks():
+    # Nodes that ran on the worker are spans of the thread standing for its
+    # lane, at the times measured there, marked with the rank; transfers are
+    # spans with their byte counts.
+    run_world("""
+        import json, tempfile
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch.manual_seed(5)
+        xs = [torch.randn(400, 400) for _ in range(4)]
+        ms = [x.to("mgpu") for x in xs]
+        work = lambda: sum(torch.tanh(m @ m) for m in ms)
+        work().cpu()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            start = time.time_ns() // 1000
+            out = work()
+            same(out, sum(torch.tanh(x @ x) for x in xs), exact=False)
+            stop = time.time_ns() // 1000
+        plan = torch_mgpu.last_plan()
+        remote = [e for e in plan.timeline() if e["lane"].startswith("rank1")]
+        assert remote, str(plan)
+        path = tempfile.mktemp(suffix=".json")
+        prof.export_chrome_trace(path)
+        events = [e for e in json.load(open(path))["traceEvents"] if str(e.get("name", "")).startswith("mgpu::")]
+        there = [e for e in events if e.get("args", {}).get("Backend") == "rank1"]
+        assert sorted(e["name"] for e in there) == sorted("mgpu::" + e["op"] for e in remote), (there, remote)
+        here = [e for e in events if e not in there and e["name"].startswith("mgpu::aten")]
+        assert here and {e["tid"] for e in here}.isdisjoint({e["tid"] for e in there}), events
+        # On the trace's clock: within the profiled run (the trace's origin
+        # is its first event, so compare spans with each other).
+        first = min(e["ts"] for e in events)
+        assert all(first <= e["ts"] and e["ts"] + e["dur"] - first <= stop - start + 1000 for e in there), there
+        assert all(e["dur"] > 0 for e in there)
+        sent = [e for e in events if e["name"] == "mgpu::program_to_rank1"]
+        got = [e for e in events if e["name"] == "mgpu::receive_from_rank1"]
+        assert sent and got, [e["name"] for e in events]
+        assert sum(int(e["args"]["Concrete Inputs"][0]) for e in got) == plan.remote_bytes_received, (got, plan)
+        done()
+    """)
+
+
 def test_a_failure_in_a_chain_that_crosses_workers_leaves_them_serving():
     # A sum chain alternating between two workers, one of its terms failed:
     # steps there read a lost value beside one the other worker sends. Both

@@ -6,6 +6,9 @@
 
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
+#include <c10/util/ApproximateClock.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include "runtime/observer.h"
 #include "runtime/host_cache.h"
@@ -34,6 +37,41 @@ std::string message_of(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
   return e.what();
 }
+
+// Whether this thread's work is being recorded by torch.profiler (its
+// per-thread profiler; the process-wide on-demand one takes no spans with
+// times of their own).
+bool profiling() {
+  using torch::profiler::impl::ProfilerStateBase;
+  const auto* here = ProfilerStateBase::get(/*global=*/false);
+  return here && ProfilerStateBase::get(/*global=*/true) == nullptr &&
+         torch::profiler::impl::profilerType() == torch::profiler::impl::ActiveProfilerType::KINETO;
+}
+
+// A span on the profiler's clock for work done elsewhere (a node that ran on
+// another rank, with the times it measured there): it shows on the thread
+// that reports it, the one standing for that rank's lane.
+void report_span(int64_t start_us, int64_t end_us, const std::string& name, const std::string& where) {
+  torch::autograd::profiler::reportBackendEventToActiveKinetoProfiler(start_us, std::max(end_us, start_us), -1,
+                                                                    at::RecordScope::FUNCTION, name, where);
+}
+
+// A span around a transfer of bytes between ranks while it lives:
+// "mgpu::send_to_rank1" and the like, with the byte count as its input
+// (shown in the trace with record_shapes). None for no bytes.
+class TransferSpan {
+ public:
+  TransferSpan(const char* what, int rank, size_t nbytes) {
+    if (!nbytes) return;
+    span_.emplace(at::RecordScope::FUNCTION);
+    if (!span_->isActive()) return;
+    const std::vector<c10::IValue> inputs{c10::IValue(static_cast<int64_t>(nbytes))};
+    span_->before(std::string("mgpu::") + what + "_rank" + std::to_string(rank), &inputs);
+  }
+
+ private:
+  std::optional<at::RecordFunction> span_;
+};
 
 // Error `e` of node `n`, with the node named in its message (a c10::Error
 // keeps its Python class: IndexError stays an IndexError).
@@ -453,6 +491,9 @@ struct Run {
         std::lock_guard<std::mutex> lock(m);
         rl.sent_at = now();
       }
+      size_t nbytes = program.size();
+      for (const auto& b : blobs) nbytes += b.nbytes();
+      TransferSpan span("program_to", rl.rem->rank(), nbytes);
       rl.rem->send(Msg::Exec, program, blobs);
     } catch (const std::exception&) {
       // Not built (a node that cannot be sent): the values it would have
@@ -505,6 +546,7 @@ struct Run {
       try {
         if (bytes) {
           observers().before_transfer();
+          TransferSpan span("send_to", rl.rem->rank(), bytes.nbytes());
           rl.rem->send(Msg::Import, w.bytes(), {bytes});
           observers().transferred(bytes.nbytes());
           sent_bytes += static_cast<int64_t>(bytes.nbytes());
@@ -527,6 +569,63 @@ struct Run {
     }
   }
 
+  // The end of lane rl's program: every step's status and times, and the
+  // results. Returns the spans of the steps that ran there, for the
+  // profiler (empty when it is not recording).
+  using Spans = std::vector<std::pair<std::pair<double, double>, std::string>>;
+  Spans take_end(RemoteLane& rl, Reader& r, std::vector<c10::Storage>& blobs) {
+    Spans spans;
+    size_t nbytes = 0;
+    for (const auto& b : blobs) nbytes += b.nbytes();
+    TransferSpan span("receive_from", rl.rem->rank(), nbytes);
+    std::lock_guard<std::mutex> lock(m);
+    std::vector<uint8_t> status(rl.steps.size());
+    std::vector<std::pair<double, double>> times(rl.steps.size());
+    for (size_t s = 0; s < rl.steps.size(); ++s) {
+      status[s] = r.get<uint8_t>();
+      times[s].first = r.get<double>();
+      times[s].second = r.get<double>();
+    }
+    // The results, each with its step and output.
+    std::map<uint32_t, std::vector<std::pair<int, c10::Storage>>> results;
+    for (auto& b : blobs) {
+      const auto s = r.get<uint32_t>();
+      const auto k = r.get<uint32_t>();
+      observers().transferred(b.nbytes());
+      received_bytes += static_cast<int64_t>(b.nbytes());
+      results[s].emplace_back(static_cast<int>(k), std::move(b));
+    }
+    const bool traced = profiling();
+    for (size_t s = 0; s < rl.steps.size(); ++s) {
+      const int i = rl.steps[s];
+      res.timing[i] = NodeTiming{rl.lane, rl.sent_at + times[s].first, rl.sent_at + times[s].second, 1};
+      if (traced && status[s] == 1)
+        spans.emplace_back(std::make_pair(res.timing[i].start, res.timing[i].end), std::string(g.nodes[i]->name));
+      auto got = results.find(static_cast<uint32_t>(s));
+      if (rl.reported[s]) {
+        // Reported before (it ran and kept its outputs there, or
+        // exported some): its results replace their stand-ins.
+        if (got != results.end() && res.status[i] == Status::Ok) attach(i, std::move(got->second));
+        continue;
+      }
+      if (status[s] == 1) remote_done(i, got == results.end() ? decltype(got->second)() : std::move(got->second));
+      else fail(i, Status::Skipped, nullptr, "");
+      rl.reported[s] = 1;
+    }
+    cv.notify_all();
+    return spans;
+  }
+
+  // Spans of nodes that ran on another rank, on the profiler's clock.
+  void report_remote(const RemoteLane& rl, const Spans& spans) const {
+    if (spans.empty()) return;
+    const double origin_us = static_cast<double>(c10::getTime()) / 1e3 - now() * 1e6;  // this run's start
+    const std::string where = "rank" + std::to_string(rl.rem->rank());
+    for (const auto& [t, name] : spans)
+      report_span(static_cast<int64_t>(origin_us + t.first * 1e6), static_cast<int64_t>(origin_us + t.second * 1e6),
+                  "mgpu::" + name, where);
+  }
+
   // The receiving half: each step's exported outputs or error as it comes,
   // then every step's status and times. A rank that stops answering fails
   // the steps it had not reported, naming it.
@@ -543,38 +642,7 @@ struct Run {
         std::string body = rl.rem->receive(kind, &blobs);
         Reader r(body);
         if (kind == Msg::End) {
-          std::lock_guard<std::mutex> lock(m);
-          std::vector<uint8_t> status(rl.steps.size());
-          std::vector<std::pair<double, double>> times(rl.steps.size());
-          for (size_t s = 0; s < rl.steps.size(); ++s) {
-            status[s] = r.get<uint8_t>();
-            times[s].first = r.get<double>();
-            times[s].second = r.get<double>();
-          }
-          // The results, each with its step and output.
-          std::map<uint32_t, std::vector<std::pair<int, c10::Storage>>> results;
-          for (auto& b : blobs) {
-            const auto s = r.get<uint32_t>();
-            const auto k = r.get<uint32_t>();
-            observers().transferred(b.nbytes());
-            received_bytes += static_cast<int64_t>(b.nbytes());
-            results[s].emplace_back(static_cast<int>(k), std::move(b));
-          }
-          for (size_t s = 0; s < rl.steps.size(); ++s) {
-            const int i = rl.steps[s];
-            res.timing[i] = NodeTiming{rl.lane, rl.sent_at + times[s].first, rl.sent_at + times[s].second, 1};
-            auto got = results.find(static_cast<uint32_t>(s));
-            if (rl.reported[s]) {
-              // Reported before (it ran and kept its outputs there, or
-              // exported some): its results replace their stand-ins.
-              if (got != results.end() && res.status[i] == Status::Ok) attach(i, std::move(got->second));
-              continue;
-            }
-            if (status[s] == 1) remote_done(i, got == results.end() ? decltype(got->second)() : std::move(got->second));
-            else fail(i, Status::Skipped, nullptr, "");
-            rl.reported[s] = 1;
-          }
-          cv.notify_all();
+          report_remote(rl, take_end(rl, r, blobs));
           return;
         }
         const auto s = r.get<uint32_t>();
@@ -592,6 +660,9 @@ struct Run {
         if (kind == Msg::Skipped) {
           fail(i, Status::Skipped, nullptr, "");
         } else if (kind == Msg::Export) {
+          size_t nbytes = 0;
+          for (const auto& b : blobs) nbytes += b.nbytes();
+          TransferSpan span("receive_from", rl.rem->rank(), nbytes);
           std::vector<std::pair<int, c10::Storage>> got;
           for (auto& b : blobs) {
             observers().transferred(b.nbytes());
@@ -656,6 +727,7 @@ struct Run {
           if (failed && res.status[i] == Status::Ok) {
             try {
               observers().before_transfer();
+              TransferSpan span("fetch_from", rl->rem->rank(), vals[k].nbytes());
               got = rl->rem->get(remote_slot[output_at[i] + k], vals[k].nbytes());
               observers().transferred(got.nbytes());
               received_bytes += static_cast<int64_t>(got.nbytes());
@@ -1081,8 +1153,15 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
       for (auto& rl : run.remote_lanes) {
         auto* lane = rl.get();
         run.send_program(*lane);
-        if (!lane->later.empty()) jobs.emplace_back([&run, lane] { run.send_inputs(*lane); });
-        jobs.emplace_back([&run, lane] { run.receive_remote_lane(*lane); });
+        if (!lane->later.empty())
+          jobs.emplace_back([&run, &tls, lane] {
+            at::ThreadLocalStateGuard guard(tls);
+            run.send_inputs(*lane);
+          });
+        jobs.emplace_back([&run, &tls, lane] {
+          at::ThreadLocalStateGuard guard(tls);
+          run.receive_remote_lane(*lane);
+        });
       }
       LanePool::instance().run(jobs, p.threads_per_lane);
     }
