@@ -177,7 +177,8 @@ cuda_compile() {
 # the extension with CUDA against that torch, in place, runs the tests over
 # the lanes' physical devices (CUDA stream lanes on every GPU, virtual devices
 # over one GPU, cross-device copies, errors on a stream, random graphs,
-# autograd, the seeds' workloads) and the device-interface tests, then the GPU
+# autograd, the seeds' workloads), the device-interface tests and lanes on
+# other ranks (a worker process on the same GPU: "rank1:cuda:0"), then the GPU
 # benchmarks, which write benchmarks/RESULTS-gpu.md. TORCH_MGPU_GPU_PYTHON
 # picks another interpreter.
 gpu() {
@@ -192,7 +193,7 @@ gpu() {
   "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
   "$py" -m pytest -q -p no:cacheprovider test/test_physical_devices.py test/test_parallel.py test/test_streams.py \
     test/test_events.py test/test_memory.py test/test_accelerator.py test/test_faults.py test/test_autograd.py \
-    test/test_stream_sanitizer.py test/test_gpu_model.py || status=1
+    test/test_stream_sanitizer.py test/test_gpu_model.py test/test_remote.py || status=1
   "$py" benchmarks/gpu.py "$@" || status=1
   return $status
 }

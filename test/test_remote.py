@@ -141,6 +141,31 @@ def test_branches_split_between_this_process_and_a_worker():
     """)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/dev.sh gpu runs it)")
+def test_a_worker_runs_its_lane_on_its_gpu():
+    # Both processes on GPU 0: the worker's lane runs its steps there, its
+    # inputs uploaded once and kept, its results downloaded.
+    run_world("""
+        torch_mgpu.configure(devices=["cuda:0", "rank1:cuda:0"], lanes_per_device=1, policy="heft")
+        assert torch_mgpu.lanes() == ["cuda:0/stream0", "rank1:cuda:0/stream0"], torch_mgpu.lanes()
+        torch.manual_seed(2)
+        xs = [torch.randn(2048, 2048, device="cuda") for _ in range(16)]
+        ms = [x.to("mgpu") for x in xs]
+        ref = sum((x @ x).tanh().sum() for x in xs).cpu()
+        for step in range(3):
+            same(sum((m @ m).tanh().sum() for m in ms), ref, exact=False)
+        plan = torch_mgpu.last_plan()
+        assert "rank1:cuda:0/stream0" in {e["lane"] for e in plan.timeline()}, str(plan)
+        assert plan.remote_bytes_sent < 2048 * 2048 * 4, str(plan)  # the inputs stayed there
+        # A product read on both processes, and an in-place write there.
+        a = ms[0] @ ms[1]
+        b = a.tanh()
+        b.mul_(2)
+        same(b, (xs[0] @ xs[1]).tanh().mul(2).cpu(), exact=False)
+        done()
+    """)
+
+
 def test_random_ops_and_a_training_step_match_one_process():
     # Random ops draw the same numbers for a seed on any lane; an MLP's
     # training steps (autograd, Adam) on the worker equal eager's.
@@ -254,7 +279,9 @@ def test_bad_remote_devices_are_refused_at_configure():
     run_world("""
         before = torch_mgpu.lanes()
         for devs, words in ((["rank5:cpu"], "unknown rank 5"), (["rank0:cpu"], "rank0"),
-                            (["rank1:cuda:0"], "remote devices are CPUs"), (["rankx:cpu"], "unknown device"),
+                            (["rank1:cuda:99"], "'rank1:cuda:99' does not exist (rank 1 sees "),
+                            (["cpu", "rank1:cuda:0"], "mixing CPU and CUDA"), (["rank1:gpu"], "unknown device"),
+                            (["rank1:cuda:x"], "unknown device"), (["rankx:cpu"], "unknown device"),
                             (["rank1:cpu", "rank01:cpu"], "rank 1 is named twice")):
             try:
                 torch_mgpu.configure(devices=devs)
@@ -544,9 +571,17 @@ def test_simulate_plans_for_several_hosts():
         assert three.makespan < 0.75 * one.makespan, (three, one)
         with pytest.raises(RuntimeError, match="hosts must be >= 1"):
             torch_mgpu.simulate(hosts=0)
-        with pytest.raises(RuntimeError, match="CPU lanes only"):
-            torch_mgpu.simulate(device="h100", hosts=2)
         assert torch.allclose(out.cpu(), sum((x.cpu() @ x.cpu()).tanh() for x in xs))
+        # GPU hosts ("rankN:cuda:0", one stream each, behind the network):
+        # large products whose results are scalars pay for the crossing.
+        big = [torch.randn(4096, 4096, device="mgpu") for _ in range(8)]
+        total = sum((b @ b).tanh().sum() for b in big)
+        one = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="heft", device="h100")
+        three = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="heft", device="h100", hosts=3)
+        lanes = {e["lane"] for e in three.plan.timeline()}
+        assert {"cuda:0/stream0", "rank1:cuda:0/stream0", "rank2:cuda:0/stream0"} <= lanes, lanes
+        assert three.makespan < 0.6 * one.makespan, (three, one)
+        del big, total  # never run
     finally:
         torch_mgpu.set_async_ops(before)
 

@@ -93,9 +93,11 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
     devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
     (two virtual devices: values crossing them are copied, as between GPUs),
     or ["cuda:0", "cuda:1"] (each lane a stream of its device). "rankN:cpu" is
-    the CPU of worker rank N of the default torch.distributed process group
-    (this process is rank 0; the workers run `python -m torch_mgpu.worker`,
-    or start everything with `torchrun ... -m torch_mgpu.launch script.py`).
+    the CPU of worker rank N of the default torch.distributed process group,
+    "rankN:cuda:K" its CUDA device K, one lane each (this process is rank 0;
+    the workers run `python -m torch_mgpu.worker`, or start everything with
+    `torchrun ... -m torch_mgpu.launch script.py`). CPU and CUDA devices do
+    not mix; remote CUDA devices come after one of this process's own.
     lanes_per_device: lanes on each device (default: the host's cores shared
     among CPU devices, 4 streams per CUDA device). policy: "auto" (default),
     "heft" or "serial". Arguments left None keep their current value.
@@ -124,7 +126,7 @@ def _use_process_group() -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
-            "torch_mgpu: remote devices ('rankN:cpu') need a torch.distributed process group, and none is "
+            "torch_mgpu: remote devices ('rankN:cpu', 'rankN:cuda:K') need a torch.distributed process group, and none is "
             "initialized (torch.distributed.init_process_group('gloo'), or start the program with "
             "torchrun ... -m torch_mgpu.launch script.py)"
         )

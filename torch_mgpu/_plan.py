@@ -141,9 +141,10 @@ def simulate(devices: int = 1, lanes_per_device: int = 1, policy: str = None, de
     streams share it: kernels that each fill the device do not overlap.
 
     `hosts` > 1 plans for that many processes: this one with the devices
-    above, each other one a worker rank with one lane ("rank1:cpu/lane0",
-    lanes on other ranks), behind the network measured at `configure` (or
-    the cost model's figures where no worker was configured).
+    above, each other one a worker rank with one lane ("rank1:cpu/lane0";
+    with `device`, one GPU of that profile: "rank1:cuda:0/stream0"), behind
+    the network measured at `configure` (or the cost model's figures where
+    no worker was configured).
 
     Only what is pending is planned: with background execution on (see
     `torch_mgpu.set_async_ops`), a capture longer than `async_ops()` ops has

@@ -51,6 +51,10 @@ void check_remote_devices(plan::Topology& t) {
                 "torch_mgpu: rank ", lane.rank, " runs ", info.version, " with torch ", info.torch_version,
                 ", and this process ", runtime::wire_version(), " with torch ", runtime::torch_version(),
                 ": start every rank from the same installation");
+    const auto& name = t.devices[lane.device];
+    const auto there = runtime::device_on_rank(name);
+    TORCH_CHECK(!there.is_cuda() || there.index() < info.cuda_devices, "torch_mgpu: device '", name,
+                "' does not exist (rank ", lane.rank, " sees ", info.cuda_devices, " CUDA device(s))");
     double best = 1e9;
     for (int k = 0; k < 8; ++k) best = std::min(best, rem->ping());
     const double took = rem->probe_bandwidth(kProbe);
@@ -72,12 +76,14 @@ void check_remote_devices(plan::Topology& t) {
 }
 
 // The devices a topology string names, checked against what this machine has.
+// (Devices of other ranks are checked by check_remote_devices.)
 void check_devices(const plan::Topology& t) {
   if (!t.cuda) return;
   const int visible = runtime::cuda_device_count();
-  TORCH_CHECK(visible > 0, "torch_mgpu: CUDA lanes need a CUDA device, and none is available ",
-              "(a CPU build of torch, or no GPU); use cpu devices");
   for (const auto& d : t.devices) {
+    if (d.rfind("rank", 0) == 0) continue;
+    TORCH_CHECK(visible > 0, "torch_mgpu: CUDA lanes need a CUDA device, and none is available ",
+                "(a CPU build of torch, or no GPU); use cpu devices");
     auto dev = runtime::physical_device(d);
     TORCH_CHECK(dev.index() < visible, "torch_mgpu: device '", d, "' does not exist (", visible,
                 " CUDA device(s) visible)");
@@ -116,6 +122,11 @@ plan::Topology Config::checked_topology(const std::vector<std::string>& devices,
   auto t = plan::make_topology(devices, lanes, host_cores());
   check_devices(t);
   if (t.remote) check_remote_devices(t);
+  // Devices of one topology are taken to be alike, and the cost model
+  // measures this process's first one.
+  TORCH_CHECK(!t.cuda || t.lanes.at(0).rank == 0,
+              "torch_mgpu: CUDA devices of other ranks are planned with this process's GPU as their model: name one "
+              "of its own first (e.g. ['cuda:0', 'rank1:cuda:0'])");
   return t;
 }
 

@@ -56,15 +56,17 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu.simulate: lanes_per_device must be >= 1, got ", lanes_per_device);
   TORCH_CHECK(devices >= 1, "torch_mgpu.simulate: devices must be >= 1, got ", devices);
   TORCH_CHECK(hosts >= 1, "torch_mgpu.simulate: hosts must be >= 1, got ", hosts);
-  TORCH_CHECK(hosts == 1 || device.empty(), "torch_mgpu.simulate: several hosts are simulated with CPU lanes only "
-              "(device profiles and hosts together are not supported yet)");
   plan::Topology topo;
   plan::CostModel gpu;
   if (!device.empty()) {
     gpu = plan::gpu_cost_model(plan::device_profile(device));
     std::vector<std::string> names;
     for (int d = 0; d < devices; ++d) names.push_back("cuda:" + std::to_string(d));
+    // Each other host: a worker rank with one GPU of the same profile.
+    for (int h = 1; h < hosts; ++h) names.push_back("rank" + std::to_string(h) + ":cuda:0");
     topo = plan::make_topology(names, lanes_per_device, host_cores());
+    // The network measured at configure, if any (else the model's figures).
+    gpu = plan::with_link(gpu, lanes->topo);
   } else {
     topo = plan::virtual_topology(lanes->topo, devices, lanes_per_device);
     if (hosts > 1) {

@@ -31,11 +31,11 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
       const std::string digits = s.substr(4, colon == std::string::npos ? std::string::npos : colon - 4);
       TORCH_CHECK(colon != std::string::npos && !digits.empty() && digits.size() < 9 &&
                       digits.find_first_not_of("0123456789") == std::string::npos,
-                  "torch_mgpu: unknown device '", s, "' (a remote device is 'rankN:cpu')");
+                  "torch_mgpu: unknown device '", s, "' (a remote device is 'rankN:cpu' or 'rankN:cuda:K')");
       rank = std::stoi(digits);
       local = s.substr(colon + 1);
-      TORCH_CHECK(local == "cpu", "torch_mgpu: unknown device '", s,
-                  "' (remote devices are CPUs for now: 'rank", rank, ":cpu')");
+      TORCH_CHECK(local == "cpu" || local.rfind("cuda:", 0) == 0, "torch_mgpu: unknown device '", s,
+                  "' (a remote device is 'rank", rank, ":cpu' or 'rank", rank, ":cuda:K')");
       TORCH_CHECK(rank >= 1, "torch_mgpu: 'rank0' is this process: name its devices without a rank ('cpu')");
       for (const auto& lane : t.lanes)
         TORCH_CHECK(lane.rank != rank, "torch_mgpu: rank ", rank, " is named twice (a worker rank is one device)");
@@ -43,7 +43,7 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
     bool is_cuda = local.size() > 5 && local.rfind("cuda:", 0) == 0 &&
         local.find_first_not_of("0123456789", 5) == std::string::npos;
     TORCH_CHECK(is_cuda || local == "cpu" || local.rfind("cpu:", 0) == 0,
-                "torch_mgpu: unknown device '", s, "' (expected 'cpu', 'cuda:N' or 'rankN:cpu')");
+                "torch_mgpu: unknown device '", s, "' (expected 'cpu', 'cuda:N', 'rankN:cpu' or 'rankN:cuda:K')");
     any_cuda |= is_cuda;
     any_cpu |= !is_cuda;
     t.remote |= rank > 0;
@@ -53,7 +53,7 @@ Topology make_topology(const std::vector<std::string>& devices, int lanes_per_de
       lane.device = static_cast<int>(d);
       lane.index = l;
       lane.rank = rank;
-      lane.name = (rank > 0 ? s : is_cuda ? s : "cpu:" + std::to_string(d)) + (is_cuda ? "/stream" : "/lane") +
+      lane.name = (rank > 0 || is_cuda ? s : "cpu:" + std::to_string(d)) + (is_cuda ? "/stream" : "/lane") +
           std::to_string(l);
       t.lanes.push_back(lane);
     }

@@ -407,13 +407,13 @@ struct Run {
         int64_t ref;
         if (d >= 0 && p.lane_of[d] == l) {
           ref = remote_slot[output_at[d] + v.index];
-        } else if (d < 0 && v.node->kind == ir::NodeKind::Data && v.node->data.device().is_cpu()) {
+        } else if (d < 0 && v.node->kind == ir::NodeKind::Data) {
           auto [it, first] = resident_param.try_emplace(v.node.get(), static_cast<int64_t>(resident_ids.size()));
           if (first) {
             bool fresh = false;
             const int64_t id = rem.resident(v.node, fresh, dead);
             if (fresh) {
-              puts.emplace_back(id, v.node->data);
+              puts.emplace_back(id, leaf(*v.node, Place()));  // its bytes in host memory
               rl.fresh.push_back(id);
             }
             resident_ids.push_back(id);
@@ -440,6 +440,9 @@ struct Run {
       }
     }
     Writer structure;
+    const c10::Device there = places[l].there;
+    structure.put<int8_t>(static_cast<int8_t>(there.type()));
+    structure.put<int16_t>(there.has_index() ? there.index() : 0);
     structure.put<uint32_t>(static_cast<uint32_t>(slots));
     structure.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
     for (auto [slot, nbytes] : allocs) {

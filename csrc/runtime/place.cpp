@@ -22,6 +22,13 @@ c10::Device physical_device(const std::string& name) {
   return d;
 }
 
+c10::Device device_on_rank(const std::string& name) {
+  const size_t colon = name.find(':');
+  TORCH_CHECK(name.rfind("rank", 0) == 0 && colon != std::string::npos, "torch_mgpu: '", name,
+              "' is not a device of another rank");
+  return c10::Device(name.substr(colon + 1));
+}
+
 int cuda_device_count() {
   if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return 0;
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
@@ -35,6 +42,7 @@ std::vector<Place> make_places(const plan::Topology& t) {
     p.device = physical_device(t.devices[lane.device]);
     if (lane.rank > 0) {
       p.remote = remote(lane.rank);
+      p.there = device_on_rank(t.devices[lane.device]);
       out.push_back(p);
       continue;
     }

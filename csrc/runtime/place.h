@@ -30,14 +30,19 @@ struct Place {
   c10::Device device{c10::kCPU};
   c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   bool streams = false;  // ordered by its stream (events across lanes), not by the host
-  // A lane of another rank (runtime/remote.h): its nodes run there; `device`
-  // is the host, where its values land when read here.
+  // A lane of another rank (runtime/remote.h): its nodes run there, on
+  // `there` (that rank's CPU or one of its CUDA devices); `device` is the
+  // host, where its values land when read here.
   std::shared_ptr<Remote> remote;
+  c10::Device there{c10::kCPU};
 };
 
 // "cpu" and "cpu:N" (virtual CPU devices are all the host) or "cuda:N";
-// "rankN:cpu" (another process's CPU) is the host here.
+// "rankN:cpu" and "rankN:cuda:K" (another process's devices) are the host
+// here.
 c10::Device physical_device(const std::string& name);
+// The device "rankN:cpu" or "rankN:cuda:K" names on rank N.
+c10::Device device_on_rank(const std::string& name);
 // Visible CUDA devices: 0 in a CPU build or on a machine with no GPU.
 int cuda_device_count();
 // One place per lane: a CUDA lane takes its own stream from the device's pool.

@@ -6,6 +6,8 @@
 #include "runtime/serialize.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 namespace torch_mgpu::runtime {
@@ -212,7 +215,7 @@ std::exception_ptr read_error(Reader& r, std::string* message) {
 
 std::string wire_version() {
   if (const char* fake = std::getenv("TORCH_MGPU_WIRE_VERSION")) return fake;  // tests: a mismatched worker
-  return "torch_mgpu 0.1.0 wire 1";
+  return "torch_mgpu 0.1.0 wire 2";
 }
 
 std::string torch_version() { return TORCH_VERSION; }
@@ -280,6 +283,7 @@ WorkerInfo Remote::hello() {
   info.torch_version = std::string(r.get_bytes());
   info.host = std::string(r.get_bytes());
   info.threads = r.get<int32_t>();
+  info.cuda_devices = r.get<int32_t>();
   return info;
 }
 
@@ -328,6 +332,8 @@ double Remote::probe_bandwidth(size_t nbytes) {
   std::memset(probe.mutable_data(), 0, nbytes);
   const int64_t id = next_id();
   Writer empty;  // a program of no steps
+  empty.put<int8_t>(static_cast<int8_t>(c10::DeviceType::CPU));  // on the worker's CPU
+  empty.put<int16_t>(0);
   empty.put<uint32_t>(0);  // slots
   empty.put<uint32_t>(0);  // allocations
   empty.put<uint32_t>(0);  // steps
@@ -508,6 +514,17 @@ struct Worker {
     w.put(class_of(e));
     w.put_string(error_text(e));
   }
+  // Bytes on the host, to send (a copy of device memory, made now).
+  static c10::Storage host(const c10::Storage& s) {
+    return s.device().is_cpu() ? s : copy_to(s, c10::Device(c10::kCPU), /*wait=*/true);
+  }
+  // Bytes on `device`: values arrive in host memory and a kept value stays
+  // where it was last used.
+  static c10::Storage& on(c10::Storage& s, c10::Device device) {
+    if (s.device() != device) s = copy_to(s, device);
+    return s;
+  }
+
   c10::Storage& value(int64_t ref) {
     if (ref >= 0) {
       TORCH_CHECK(static_cast<size_t>(ref) < slots.size() && slots[ref], "torch_mgpu: slot ", ref,
@@ -534,6 +551,7 @@ struct Worker {
   // outputs go back as soon as it has run, and its error if it fails; End
   // gives every step's status and times.
   struct Program {
+    c10::Device device{c10::kCPU};  // where its steps run
     size_t slots = 0;
     std::vector<std::pair<int64_t, uint64_t>> allocs;
     std::vector<Step> steps;
@@ -562,6 +580,15 @@ struct Worker {
 
   static Program read_program(Reader& r) {
     Program p;
+    const auto type = static_cast<c10::DeviceType>(r.get<int8_t>());
+    const auto index = r.get<int16_t>();
+    TORCH_CHECK(type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA,
+                "torch_mgpu: a program for device type ", static_cast<int>(type));
+    if (type == c10::DeviceType::CUDA) {
+      TORCH_CHECK(index >= 0 && index < cuda_device_count(), "torch_mgpu: a program for cuda:", index,
+                  ", and this rank sees ", cuda_device_count(), " CUDA device(s)");
+      p.device = c10::Device(type, static_cast<c10::DeviceIndex>(index));
+    }
     p.slots = r.get<uint32_t>();
     TORCH_CHECK(p.slots <= (1u << 24), "torch_mgpu: a program with ", p.slots, " slots");
     const auto allocs = r.get<uint32_t>();
@@ -635,11 +662,23 @@ struct Worker {
     }
     TORCH_CHECK(r.done(), "torch_mgpu: a program's values have bytes left over");
     auto& steps = prog.steps;
+    // Where the steps run: this rank's CPU, or one of its CUDA devices
+    // (each step on the device's current stream, waited for after it: a
+    // step's error and times are its own).
+    const c10::Device device = prog.device;
+    Place here;
+    here.device = device;
+    std::optional<c10::DeviceGuard> on_device;
+    if (!device.is_cpu()) {
+      on_device.emplace(device);
+      here.stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+      here.streams = true;
+    }
     slots.assign(prog.slots, c10::Storage());
     enum : char { Absent, Present, Lost };
     std::vector<char> state(slots.size(), Absent);
     for (auto [slot, nbytes] : prog.allocs) {
-      slots[slot] = allocate(nbytes);
+      slots[slot] = allocate(nbytes, device);
       state[slot] = Present;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -656,6 +695,7 @@ struct Worker {
                   " of ", slots.size());
       if (kind == Msg::Import) {
         slots[slot] = got.at(0);
+        on(slots[slot], device);
         state[slot] = Present;
       } else {
         TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: message kind ", static_cast<uint32_t>(kind),
@@ -692,7 +732,7 @@ struct Worker {
           if (state[ref] == Lost) status = 3;
           else operands.push_back(slots[ref]);
         } else {
-          operands.push_back(value(-st.kept[kept++]));
+          operands.push_back(on(value(-st.kept[kept++]), device));
         }
       }
       if (status == 1) check_views(st, operands);
@@ -702,7 +742,8 @@ struct Worker {
           std::vector<c10::Storage> out;
           {
             ir::CallStateGuard settings(st.node->state);
-            out = run_node(*st.node, std::move(operands), st.reuse, Place());
+            out = run_node(*st.node, std::move(operands), st.reuse, here);
+            if (here.streams) here.stream.synchronize();
           }
           std::vector<c10::Storage> sent;
           Writer w;
@@ -712,11 +753,11 @@ struct Worker {
             state[st.outs[k]] = Present;
             if (st.exported[k] == 1) {
               w.put<uint32_t>(static_cast<uint32_t>(k));
-              sent.push_back(out[k]);
+              sent.push_back(host(out[k]));
             } else if (st.exported[k] == 2) {
               result_ids.put<uint32_t>(static_cast<uint32_t>(s));
               result_ids.put<uint32_t>(static_cast<uint32_t>(k));
-              results.push_back(out[k]);
+              results.push_back(host(out[k]));
             }
           }
           if (!sent.empty()) send_message(*backend, 0, kToController, Msg::Export, w.bytes(), sent, &pending);
@@ -784,6 +825,7 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
           gethostname(host, sizeof(host) - 1);
           w.put_string(host);
           w.put<int32_t>(at::get_num_threads());
+          w.put<int32_t>(cuda_device_count());
           wk.answer(Msg::Ok, w.bytes(), {});
           break;
         }
@@ -800,7 +842,7 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
         case Msg::Get: {
           c10::Storage found;
           try {
-            found = wk.value(r.get<int64_t>());
+            found = Worker::host(wk.value(r.get<int64_t>()));
           } catch (const std::exception& e) {
             Writer w;
             Worker::write_error(w, e);

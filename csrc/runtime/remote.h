@@ -36,6 +36,7 @@ struct WorkerInfo {
   std::string torch_version;
   std::string host;
   int threads = 1;            // its intra-op threads
+  int cuda_devices = 0;       // CUDA devices it sees
 };
 
 // This build's wire version and torch's version, as a worker reports them.
