@@ -9,6 +9,7 @@
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
+#include <torch/version.h>
 
 #include "runtime/observer.h"
 #include "runtime/host_cache.h"
@@ -43,8 +44,12 @@ std::string message_of(const std::exception& e) {
 // times of their own).
 bool profiling() {
   using torch::profiler::impl::ProfilerStateBase;
-  const auto* here = ProfilerStateBase::get(/*global=*/false);
-  return here && ProfilerStateBase::get(/*global=*/true) == nullptr &&
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+  const bool on_demand = ProfilerStateBase::getGlobal() != nullptr;
+#else
+  const bool on_demand = ProfilerStateBase::get(/*global=*/true) != nullptr;
+#endif
+  return !on_demand && torch::profiler::impl::profilerEnabled() &&
          torch::profiler::impl::profilerType() == torch::profiler::impl::ActiveProfilerType::KINETO;
 }
 

@@ -1,6 +1,9 @@
 // Nodes as bytes (runtime/serialize.h): what a worker rank reads back runs
-// as the node it was written from, and malformed bytes raise.
+// as the node it was written from, and malformed bytes raise; plans keep
+// what cannot be sent on this process.
 #include "capture/lazy_tensor.h"
+#include "engine/plan_cache.h"
+#include "ir/graph.h"
 #include "ir/node.h"
 #include "runtime/run_node.h"
 #include "runtime/serialize.h"
@@ -167,6 +170,51 @@ TEST(Remote, ANodeWithACustomClassConstantIsNotSerializable) {
   EXPECT_TRUE(runtime::serializable(*n));
   n->args.push_back(constant(c10::IValue(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()))));
   EXPECT_FALSE(runtime::serializable(*n));
+}
+
+// Plans with lanes on other ranks keep a node that cannot be sent on this
+// process's lanes, wherever list scheduling put it, and its plan stays
+// whole: every node once, in the order of the lane it is on.
+TEST(Remote, PlansKeepANodeThatCannotBeSentOnThisProcess) {
+  const auto topo = plan::make_topology({"cpu", "rank1:cpu"}, 1, 2);
+  plan::CostModel cm;
+  cm.network_latency_s = 1e-6;  // crossings are cheap: work spreads over both ranks
+  std::vector<ir::Value> roots;
+  std::vector<ir::NodePtr> unsendable;
+  for (int k = 0; k < 8; ++k) {
+    auto x = torch::randn({384, 384});
+    auto n = make_node("aten::mm", "", {tensor_arg(0, x), tensor_arg(1, x)}, torch::empty({384, 384}), {x, x});
+    if (k == 1 || k == 2) {
+      n->args.push_back(constant(c10::IValue(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()))));
+      unsendable.push_back(n);
+    }
+    roots.push_back(ir::Value{n, 0});
+  }
+  const auto g = ir::build_graph(roots);
+  ASSERT_EQ(g.size(), 8u);
+  const auto p = engine::make_plan_for(g, topo, cm, "heft", false);
+  // List scheduling alone puts one of them there.
+  const auto raw = plan::make_plan(g, topo, cm, "heft", false);
+  int moved = 0;
+  for (const auto& n : unsendable) moved += topo.lanes[raw.lane_of[g.find(n.get())]].rank != 0;
+  EXPECT_GT(moved, 0);
+  int there = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool sendable = runtime::serializable(*g.nodes[i]);
+    if (topo.lanes[p.lane_of[i]].rank != 0) {
+      ++there;
+      EXPECT_TRUE(sendable) << "node " << i << " cannot be sent, and was planned on rank 1";
+    }
+  }
+  EXPECT_GT(there, 0) << "the sendable products were not spread to rank 1";
+  for (const auto& n : unsendable) EXPECT_EQ(topo.lanes[p.lane_of[g.find(n.get())]].rank, 0);
+  std::vector<int> seen(g.size(), 0);
+  for (size_t l = 0; l < p.lane_order.size(); ++l)
+    for (int i : p.lane_order[l]) {
+      EXPECT_EQ(p.lane_of[i], static_cast<int>(l));
+      ++seen[i];
+    }
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(seen[i], 1) << "node " << i;
 }
 
 } // namespace
