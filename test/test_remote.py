@@ -458,8 +458,8 @@ def test_a_failure_in_a_chain_that_crosses_workers_leaves_them_serving():
 
 
 def test_three_ranks_values_cross_between_workers():
-    # No lane here: every value that crosses goes from one worker to the
-    # other through this process.
+    # No lane here: every value that crosses goes straight from one worker
+    # to the other; only the result comes to this process.
     run_world("""
         torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
         torch.manual_seed(2)
@@ -467,10 +467,71 @@ def test_three_ranks_values_cross_between_workers():
         for step in range(2):
             out = sum((x.to("mgpu") @ x.to("mgpu")).sin() for x in xs)
             same(out, sum((x @ x).sin() for x in xs))
-        lanes = {e["lane"] for e in torch_mgpu.last_plan().timeline()}
+        plan = torch_mgpu.last_plan()
+        lanes = {e["lane"] for e in plan.timeline()}
         assert lanes == {"rank1:cpu/lane0", "rank2:cpu/lane0"}, lanes
+        assert plan.remote_bytes_received == 512 * 512 * 4, str(plan)
         done()
     """, world=3)
+
+
+def test_a_program_that_cannot_be_built_leaves_its_peers_serving():
+    # Rank 1's program fails to build (as when a node cannot be sent): a
+    # program of no steps goes in its place, takes what rank 2 sends it and
+    # tells rank 2 that rank 1's values will not come. The sync raises the
+    # build's error; both workers serve the next syncs.
+    run_world("""
+        torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
+        torch.manual_seed(4)
+        xs = [torch.randn(512, 512) for _ in range(8)]
+        ms = [x.to("mgpu") for x in xs]
+        ref = sum((x @ x).sin() for x in xs)
+        same(sum((m @ m).sin() for m in ms), ref)
+        plan = torch_mgpu.last_plan()
+        assert {e["lane"] for e in plan.timeline()} == {"rank1:cpu/lane0", "rank2:cpu/lane0"}, str(plan)
+        assert plan.remote_bytes_received == 512 * 512 * 4, str(plan)  # the others went between workers
+        torch_mgpu._C._inject_fault("program", 1, "rank1")
+        try:
+            sum((m @ m).sin() for m in ms).cpu()
+        except RuntimeError as e:
+            assert "injected fault (program: rank1)" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        for step in range(2):
+            same(sum((m @ m).sin() for m in ms), ref)
+        done()
+    """, world=3)
+
+
+def test_a_worker_whose_peer_dies_mid_run_serves_on():
+    # Rank 2 waits for values rank 1 makes; rank 1 is killed while it
+    # computes. The sync raises naming rank 1, rank 2 is not taken down
+    # with it, and serves the next sync alone.
+    controller, workers = start_world("""
+        import signal, threading
+        torch_mgpu.configure(devices=["rank1:cpu", "rank2:cpu"], policy="heft")
+        torch.manual_seed(3)
+        xs = [torch.randn(1024, 1024) for _ in range(16)]
+        ms = [x.to("mgpu") for x in xs]
+        same(sum((m @ m).sin() for m in ms[:2]), sum((x @ x).sin() for x in xs[:2]))  # both serve
+        out = sum((m @ m @ m @ m).sin() for m in ms)  # seconds of work
+        pid = int(os.environ["WORKER_PIDS"].split(",")[0])
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.time()
+        try:
+            out.cpu()
+        except RuntimeError as e:
+            assert "rank 1" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        assert time.time() - t0 < 30, time.time() - t0
+        torch_mgpu.configure(devices=["rank2:cpu"])
+        same(sum((m @ m).sin() for m in ms[:3]), sum((x @ x).sin() for x in xs[:3]), exact=False)
+        done()
+    """, world=3)
+    out = finish(controller, workers)
+    assert controller.returncode == 0 and "DONE" in out, out
+    assert workers[0].returncode == -signal.SIGKILL
 
 
 def test_launch_runs_a_script_on_rank_0_with_every_rank_as_a_device(tmp_path):

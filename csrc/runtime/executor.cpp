@@ -12,6 +12,7 @@
 #include <torch/version.h>
 
 #include "runtime/observer.h"
+#include "runtime/faults.h"
 #include "runtime/host_cache.h"
 #include "runtime/counters.h"
 #include "runtime/lanes.h"
@@ -19,10 +20,12 @@
 #include "runtime/remote.h"
 #include "runtime/serialize.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <mutex>
@@ -151,6 +154,9 @@ struct Run {
   // its size, no bytes; the worker frees it after its last use).
   std::vector<int64_t> remote_slot;
   std::vector<char> exported;
+  // Per output of a node run on a worker: the other workers whose lanes
+  // read it, to which it goes straight (not through this process).
+  std::vector<std::vector<int>> forward;
   struct RemoteLane {
     int lane = 0;
     std::shared_ptr<Remote> rem;
@@ -165,6 +171,7 @@ struct Run {
     };
     std::vector<Later> later;
     bool sent = false, send_failed = false;
+    bool stub_sent = false;  // a program of no steps went in its place (see send_program)
     std::vector<int64_t> fresh;  // kept values this program sends first
     double sent_at = 0;  // when the program left (its steps' times count from here)
   };
@@ -213,15 +220,25 @@ struct Run {
       remote_slot.assign(output_at[n], -1);
       exported.assign(output_at[n], 0);
       for (size_t k = 0; k < exported.size(); ++k) exported[k] = is_root[k] ? 2 : 0;
+      forward.assign(output_at[n], {});
       for (size_t i = 0; i < n; ++i)
         for (size_t k = 0; k < g.nodes[i]->operands.size(); ++k) {
           const int d = producer[operand_at[i] + k];
-          if (d >= 0 && p.lane_of[d] != p.lane_of[i]) exported[output_at[d] + g.nodes[i]->operands[k].index] = 1;
+          if (d < 0 || p.lane_of[d] == p.lane_of[i]) continue;
+          const int out = output_at[d] + g.nodes[i]->operands[k].index;
+          const int to = rank_of(p.lane_of[i]);
+          if (rank_of(p.lane_of[d]) && to) {
+            if (std::find(forward[out].begin(), forward[out].end(), to) == forward[out].end()) forward[out].push_back(to);
+          } else {
+            exported[out] = 1;
+          }
         }
     }
   }
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  // The rank lane l runs on (0: this process).
+  int rank_of(int l) const { return places[l].remote ? places[l].remote->rank() : 0; }
 
   // Node i failed (its own work: Failed) or could not run (an input was
   // lost: Skipped, with the lost value's error when it came from outside
@@ -392,6 +409,7 @@ struct Run {
   std::string build_program(RemoteLane& rl, std::vector<c10::Storage>& blobs) {
     const int l = rl.lane;
     Remote& rem = *rl.rem;
+    fault_point(FaultPoint::Program, rem.name());
     std::vector<int64_t> dead;
     std::vector<std::pair<int64_t, c10::Storage>> puts;
     int64_t slots = 0;
@@ -399,6 +417,8 @@ struct Run {
     std::map<const void*, int64_t> resident_param;
     std::vector<int64_t> resident_ids;
     std::vector<std::pair<int64_t, size_t>> allocs;
+    Writer peers;   // inputs other workers send: slot, rank, key
+    uint32_t npeers = 0;
     Writer steps;   // the structure's steps
     Writer values;  // the run's values, per step
     steps.put<uint32_t>(static_cast<uint32_t>(rl.steps.size()));
@@ -424,6 +444,17 @@ struct Run {
             resident_ids.push_back(id);
           }
           ref = -1 - it->second;
+        } else if (d >= 0 && rank_of(p.lane_of[d]) != 0) {
+          // Made on another worker, which sends it here (keyed by its
+          // output's index in the graph).
+          auto [it, first] = input_slot.try_emplace({g.nodes[d].get(), v.index}, slots);
+          if (first) {
+            peers.put<int64_t>(slots++);
+            peers.put<int32_t>(rank_of(p.lane_of[d]));
+            peers.put<int64_t>(output_at[d] + v.index);
+            ++npeers;
+          }
+          ref = it->second;
         } else {
           const void* key = d >= 0 ? static_cast<const void*>(g.nodes[d].get()) : static_cast<const void*>(v.node.get());
           auto [it, first] = input_slot.try_emplace({key, v.index}, slots);
@@ -439,9 +470,13 @@ struct Run {
       }
       steps.put<uint32_t>(static_cast<uint32_t>(node.outputs.size()));
       for (size_t k = 0; k < node.outputs.size(); ++k) {
-        remote_slot[output_at[i] + k] = slots;
+        const int out = output_at[i] + k;
+        remote_slot[out] = slots;
         steps.put<int64_t>(slots++);
-        steps.put<uint8_t>(exported[output_at[i] + k]);
+        steps.put<uint8_t>(exported[out]);
+        steps.put<uint32_t>(static_cast<uint32_t>(forward[out].size()));
+        for (int to : forward[out]) steps.put<int32_t>(to);
+        if (!forward[out].empty()) steps.put<int64_t>(out);
       }
     }
     Writer structure;
@@ -454,6 +489,9 @@ struct Run {
       structure.put<int64_t>(slot);
       structure.put<uint64_t>(nbytes);
     }
+    structure.put<uint32_t>(npeers);
+    structure.bytes() += peers.bytes();
+    structure.put<uint32_t>(0);  // nothing it will not send
     structure.bytes() += steps.bytes();
     const uint64_t key = std::hash<std::string>{}(structure.bytes());
     std::vector<uint64_t> forget;
@@ -476,6 +514,57 @@ struct Run {
     w.put<uint32_t>(static_cast<uint32_t>(resident_ids.size()));
     for (auto id : resident_ids) w.put<int64_t>(id);
     w.bytes() += values.bytes();
+    return std::move(w.bytes());
+  }
+
+  // In place of lane rl's program when it cannot be built, if it has
+  // peers: a program of no steps that takes every value other workers
+  // send it and tells those that read its values that they will not come
+  // ("" when there is no such value). Under the lock.
+  std::string stub_program(RemoteLane& rl) {
+    Writer peers, missing;
+    uint32_t npeers = 0, nmissing = 0;
+    std::set<std::pair<int, int>> seen;
+    for (int i : rl.steps) {
+      const ir::Node& node = *g.nodes[i];
+      for (size_t k = 0; k < node.operands.size(); ++k) {
+        const int d = producer[operand_at[i] + k];
+        if (d < 0 || p.lane_of[d] == rl.lane || rank_of(p.lane_of[d]) == 0) continue;
+        if (!seen.insert({d, node.operands[k].index}).second) continue;
+        peers.put<int64_t>(npeers++);
+        peers.put<int32_t>(rank_of(p.lane_of[d]));
+        peers.put<int64_t>(output_at[d] + node.operands[k].index);
+      }
+      for (size_t k = 0; k < node.outputs.size(); ++k)
+        for (int to : forward[output_at[i] + k]) {
+          missing.put<int32_t>(to);
+          missing.put<int64_t>(output_at[i] + k);
+          ++nmissing;
+        }
+    }
+    if (!npeers && !nmissing) return "";
+    Writer structure;
+    structure.put<int8_t>(static_cast<int8_t>(c10::DeviceType::CPU));
+    structure.put<int16_t>(0);
+    structure.put<uint32_t>(npeers);  // slots: one per value it takes
+    structure.put<uint32_t>(0);       // allocations
+    structure.put<uint32_t>(npeers);
+    structure.bytes() += peers.bytes();
+    structure.put<uint32_t>(nmissing);
+    structure.bytes() += missing.bytes();
+    structure.put<uint32_t>(0);  // steps
+    const uint64_t key = std::hash<std::string>{}(structure.bytes());
+    std::vector<uint64_t> forget;
+    const bool known = rl.rem->knows_program(key, forget);
+    Writer w;
+    w.put<uint64_t>(0);  // nothing to drop
+    w.put<uint32_t>(0);  // nothing to keep
+    w.put<uint32_t>(static_cast<uint32_t>(forget.size()));
+    for (auto k : forget) w.put<uint64_t>(k);
+    w.put<uint64_t>(key);
+    w.put<uint8_t>(!known);
+    if (!known) w.put_string(structure.bytes());
+    w.put<uint32_t>(0);  // it reads no kept value
     return std::move(w.bytes());
   }
 
@@ -505,9 +594,27 @@ struct Run {
       rl.rem->send(Msg::Exec, program, blobs);
     } catch (const std::exception&) {
       // Not built (a node that cannot be sent): the values it would have
-      // sent first are not there. Not sent: the rank is lost.
-      if (program.empty()) rl.rem->unregister(rl.fresh);
-      else rl.rem->forget_residents();
+      // sent first are not there, and other workers that read its values,
+      // or send it theirs, hear so from a program of no steps. Not sent:
+      // the rank is lost.
+      if (program.empty()) {
+        rl.rem->unregister(rl.fresh);
+        try {
+          std::string stub;
+          {
+            std::lock_guard<std::mutex> lock(m);
+            stub = stub_program(rl);
+          }
+          if (!stub.empty()) {
+            rl.rem->send(Msg::Exec, stub, {});
+            rl.stub_sent = true;
+          }
+        } catch (const std::exception&) {
+          // The rank is lost: its peers see it gone.
+        }
+      } else {
+        rl.rem->forget_residents();
+      }
       std::lock_guard<std::mutex> lock(m);
       rl.send_failed = true;
       for (size_t s = 0; s < rl.steps.size(); ++s)
@@ -641,7 +748,19 @@ struct Run {
     {
       std::unique_lock<std::mutex> lock(m);
       cv.wait(lock, [&] { return rl.sent; });
-      if (rl.send_failed) return;
+      if (rl.send_failed && !rl.stub_sent) return;
+    }
+    if (rl.send_failed) {
+      // The program of no steps sent in its place ends as any other.
+      try {
+        Msg kind{};
+        rl.rem->receive(kind, nullptr);
+        TORCH_CHECK(kind == Msg::End, "torch_mgpu: rank ", rl.rem->rank(), " answered a program of no steps with ",
+                    "message kind ", static_cast<uint32_t>(kind));
+      } catch (const std::exception& e) {
+        rl.rem->poison(message_of(e));
+      }
+      return;
     }
     try {
       while (true) {
@@ -866,7 +985,10 @@ struct Run {
       const ir::Value& v = node.operands[k];
       const int d = producer[operand_at[i] + k];
       if (d < 0) continue;
-      if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index]) {
+      // (A worker's value another worker read straight from it may not be
+      // reported here yet: its stand-in is released with the run's.)
+      if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index] &&
+          static_cast<size_t>(v.index) < res.values[d].size()) {
         ir::release(res.values[d][v.index]);
         res.values[d][v.index] = c10::Storage();
         if (!copies.empty())

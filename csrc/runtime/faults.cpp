@@ -12,7 +12,8 @@ namespace torch_mgpu::runtime {
 
 namespace {
 constexpr int kPoints = static_cast<int>(FaultPoint::Count);
-constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_wait", "stream_sync", "drop_event_wait", "drop_record_use"};
+constexpr std::array<const char*, kPoints> kNames = {"node", "transfer", "event_wait", "stream_sync", "drop_event_wait", "drop_record_use",
+                                                     "program"};
 
 struct Faults {
   std::array<std::atomic<int64_t>, kPoints> countdown{};  // 0: disarmed
@@ -34,7 +35,7 @@ struct Faults {
     for (int k = 0; k < kPoints; ++k)
       if (name == kNames[k]) return k;
     TORCH_CHECK(false, "torch_mgpu: unknown fault point '", name,
-                "' (expected 'node', 'transfer', 'event_wait', 'stream_sync', 'drop_event_wait' or 'drop_record_use')");
+                "' (expected 'node', 'transfer', 'event_wait', 'stream_sync', 'drop_event_wait', 'drop_record_use' or 'program')");
   }
 };
 

@@ -13,13 +13,15 @@
 // stream sanitizer's tests (runtime/sanitizer.h): "drop_event_wait" (a
 // stream lane does not wait for another lane's event) and "drop_record_use"
 // (an operand is not recorded on its reader's stream for the allocator).
+// "program": a lane of another rank whose program is being built (what:
+// "rank1"), as when a node cannot be sent.
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace torch_mgpu::runtime {
 
-enum class FaultPoint : int { Node, Transfer, EventWait, StreamSync, DropEventWait, DropRecordUse, Count };
+enum class FaultPoint : int { Node, Transfer, EventWait, StreamSync, DropEventWait, DropRecordUse, Program, Count };
 
 // Arms `point` to throw at its n-th occurrence from now (n >= 1); n = 0
 // disarms it. Where `only` is given, only occurrences at that node or value

@@ -25,6 +25,7 @@ namespace {
 
 constexpr int kToWorker = 0x6d67;      // c10d tags: the controller's messages
 constexpr int kToController = 0x6d68;  // the worker's
+constexpr int kToPeer = 0x6d69;        // values one worker sends another
 constexpr size_t kHeader = 4096;
 
 // Error classes that cross: the worker's kernel raised one, the
@@ -336,6 +337,8 @@ double Remote::probe_bandwidth(size_t nbytes) {
   empty.put<int16_t>(0);
   empty.put<uint32_t>(0);  // slots
   empty.put<uint32_t>(0);  // allocations
+  empty.put<uint32_t>(0);  // inputs from other workers
+  empty.put<uint32_t>(0);  // values it will not send
   empty.put<uint32_t>(0);  // steps
   Writer w;
   w.put<uint64_t>(0);   // nothing to drop
@@ -506,6 +509,25 @@ struct Worker {
   std::vector<c10::Storage> slots;
 
   Pending pending;  // a program's exports, sent while it goes on
+  // Its values for other workers, waited for after its end (a worker takes
+  // them when its steps need them); one that is lost takes none.
+  Pending to_peers;
+  void send_to_peer(int peer, Msg kind, int64_t key, const std::vector<c10::Storage>& blobs) {
+    Writer w;
+    w.put<int64_t>(key);
+    try {
+      send_message(*backend, peer, kToPeer, kind, w.bytes(), blobs, &to_peers);
+    } catch (const std::exception&) {
+      // That worker is gone: the controller fails what it ran.
+    }
+  }
+  void wait_for_peers() {
+    try {
+      to_peers.wait();
+    } catch (const std::exception&) {
+      to_peers = Pending();  // a worker that went away
+    }
+  }
   void answer(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
     pending.wait();
     send_message(*backend, 0, kToController, kind, body, blobs);
@@ -544,6 +566,16 @@ struct Worker {
     std::vector<bool> reuse;
     std::vector<int64_t> outs;
     std::vector<char> exported;
+    // Per output: the worker ranks it goes to as soon as it is made (they
+    // read it), and its key there.
+    std::vector<std::vector<int>> forward;
+    std::vector<int64_t> keys;
+  };
+  // An input that another worker sends straight here.
+  struct PeerInput {
+    int64_t slot;
+    int peer;
+    int64_t key;
   };
 
   // A lane's program: its inputs come with it or after it (Import /
@@ -554,6 +586,10 @@ struct Worker {
     c10::Device device{c10::kCPU};  // where its steps run
     size_t slots = 0;
     std::vector<std::pair<int64_t, uint64_t>> allocs;
+    std::vector<PeerInput> from_peers;
+    // Values this program would have sent to other workers, which they are
+    // told will not come (the program of a lane that could not be built).
+    std::vector<std::pair<int, int64_t>> missing;
     std::vector<Step> steps;
   };
   std::unordered_map<uint64_t, Program> programs;  // kept structures, by key
@@ -578,8 +614,14 @@ struct Worker {
       }
   }
 
-  static Program read_program(Reader& r) {
+  static Program read_program(Reader& r, int rank, int world) {
     Program p;
+    auto peer_rank = [&] {
+      const auto peer = r.get<int32_t>();
+      TORCH_CHECK(peer > 0 && peer < world && peer != rank, "torch_mgpu: a program names rank ", peer,
+                  " as a worker beside rank ", rank, " (world of ", world, ")");
+      return static_cast<int>(peer);
+    };
     const auto type = static_cast<c10::DeviceType>(r.get<int8_t>());
     const auto index = r.get<int16_t>();
     TORCH_CHECK(type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA,
@@ -597,6 +639,23 @@ struct Worker {
       TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(p.slots), "torch_mgpu: an allocation for slot ", slot,
                   " of ", p.slots);
       p.allocs.emplace_back(slot, r.get<uint64_t>());
+    }
+    const auto peers = r.get<uint32_t>();
+    TORCH_CHECK(peers <= r.left() / 20, "torch_mgpu: a program announces ", peers, " inputs from other workers");
+    for (uint32_t k = 0; k < peers; ++k) {
+      PeerInput in;
+      in.slot = r.get<int64_t>();
+      TORCH_CHECK(in.slot >= 0 && in.slot < static_cast<int64_t>(p.slots), "torch_mgpu: an input for slot ", in.slot,
+                  " of ", p.slots);
+      in.peer = peer_rank();
+      in.key = r.get<int64_t>();
+      p.from_peers.push_back(in);
+    }
+    const auto missing = r.get<uint32_t>();
+    TORCH_CHECK(missing <= r.left() / 12, "torch_mgpu: a program announces ", missing, " values it will not send");
+    for (uint32_t k = 0; k < missing; ++k) {
+      const int peer = peer_rank();
+      p.missing.emplace_back(peer, r.get<int64_t>());
     }
     p.steps.resize(r.get<uint32_t>());
     for (auto& st : p.steps) {
@@ -618,6 +677,12 @@ struct Worker {
         st.exported.push_back(static_cast<char>(r.get<uint8_t>()));
         TORCH_CHECK(st.outs.back() >= 0 && st.outs.back() < static_cast<int64_t>(p.slots),
                     "torch_mgpu: a step writes slot ", st.outs.back(), " of ", p.slots);
+        const auto nto = r.get<uint32_t>();
+        TORCH_CHECK(nto < static_cast<uint32_t>(world), "torch_mgpu: a step's output goes to ", nto, " workers");
+        std::vector<int> to(nto);
+        for (auto& peer : to) peer = peer_rank();
+        st.keys.push_back(to.empty() ? -1 : r.get<int64_t>());
+        st.forward.push_back(std::move(to));
       }
     }
     TORCH_CHECK(r.done(), "torch_mgpu: a program's structure has bytes left over");
@@ -639,7 +704,7 @@ struct Worker {
     const auto key = r.get<uint64_t>();
     if (r.get<uint8_t>()) {
       Reader structure(r.get_bytes());
-      programs[key] = read_program(structure);
+      programs[key] = read_program(structure, pg->getRank(), pg->getSize());
     }
     auto found = programs.find(key);
     TORCH_CHECK(found != programs.end(), "torch_mgpu: rank ", pg->getRank(), " was asked to run program ", key,
@@ -683,6 +748,43 @@ struct Worker {
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    // Inputs other workers send: by (rank, key), each rank's in the order
+    // it sends them. A rank that goes away loses what it had to send.
+    std::vector<int> peer_of(slots.size(), -1);
+    std::map<std::pair<int, int64_t>, int64_t> peer_slot;
+    for (const auto& in : prog.from_peers) {
+      peer_of[in.slot] = in.peer;
+      peer_slot[{in.peer, in.key}] = in.slot;
+    }
+    auto next_from_peer = [&](int peer) {
+      Msg kind{};
+      std::vector<c10::Storage> got;
+      std::string body;
+      try {
+        body = receive_message(*backend, peer, kToPeer, kind, &got, timeout());
+      } catch (const std::exception&) {
+        // That worker went away (Gloo raises its I/O errors as they come).
+        for (size_t k = 0; k < slots.size(); ++k)
+          if (peer_of[k] == peer && state[k] == Absent) state[k] = Lost;
+        return;
+      }
+      Reader pr(body);
+      auto it = peer_slot.find({peer, pr.get<int64_t>()});
+      TORCH_CHECK(it != peer_slot.end(), "torch_mgpu: rank ", peer, " sent a value this program does not read");
+      const int64_t slot = it->second;
+      if (kind == Msg::Import) {
+        slots[slot] = got.at(0);
+        on(slots[slot], device);
+        state[slot] = Present;
+      } else {
+        TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: rank ", peer, " sent message kind ",
+                    static_cast<uint32_t>(kind));
+        state[slot] = Lost;
+      }
+    };
+    // A program that could not be built here: the values it would have
+    // sent other workers will not come.
+    for (auto [peer, k] : prog.missing) send_to_peer(peer, Msg::Missing, k, {});
     // Waits for the controller's next input of this run.
     auto next_input = [&] {
       Msg kind{};
@@ -728,7 +830,7 @@ struct Worker {
           // Every input the controller sends is taken, even for a step
           // that will not run: what is left unread would be taken as the
           // next request.
-          while (state[ref] == Absent) next_input();
+          while (state[ref] == Absent) peer_of[ref] >= 0 ? next_from_peer(peer_of[ref]) : next_input();
           if (state[ref] == Lost) status = 3;
           else operands.push_back(slots[ref]);
         } else {
@@ -737,6 +839,7 @@ struct Worker {
       }
       if (status == 1) check_views(st, operands);
       const double start = now();  // its inputs are here
+      std::vector<c10::Storage> forwarded;
       if (status == 1) {
         try {
           std::vector<c10::Storage> out;
@@ -745,6 +848,11 @@ struct Worker {
             out = run_node(*st.node, std::move(operands), st.reuse, here);
             if (here.streams) here.stream.synchronize();
           }
+          // What other workers read, in host memory (before anything is
+          // sent: a copy that fails fails the step).
+          forwarded.assign(out.size(), c10::Storage());
+          for (size_t k = 0; k < out.size(); ++k)
+            if (!st.forward[k].empty()) forwarded[k] = host(out[k]);
           std::vector<c10::Storage> sent;
           Writer w;
           w.put<uint32_t>(static_cast<uint32_t>(s));
@@ -771,6 +879,12 @@ struct Worker {
           answer(Msg::Failed, w.bytes(), {});
         }
       }
+      // Outputs other workers read go to them now (a failed step's: word
+      // that they will not come).
+      for (size_t k = 0; k < st.outs.size(); ++k)
+        for (int peer : st.forward[k])
+          status == 1 ? send_to_peer(peer, Msg::Import, st.keys[k], {forwarded[k]})
+                      : send_to_peer(peer, Msg::Missing, st.keys[k], {});
       if (status == 3) {
         Writer w;
         w.put<uint32_t>(static_cast<uint32_t>(s));
@@ -790,8 +904,13 @@ struct Worker {
       end.put<double>(start);
       end.put<double>(now());
     }
+    // Every value other workers send this program is taken (a program of
+    // no steps takes them here).
+    for (size_t k = 0; k < slots.size(); ++k)
+      while (peer_of[k] >= 0 && state[k] == Absent) next_from_peer(peer_of[k]);
     end.bytes() += result_ids.bytes();
     answer(Msg::End, end.bytes(), results);
+    wait_for_peers();
     if (!any_failed) slots.clear();
   }
 };
