@@ -46,6 +46,7 @@ std::map<std::string, int64_t> stats() {
       {"remote_structures_sent", c.remote_structures_sent.load()},
       {"remote_bytes_sent", c.remote_bytes_sent.load()},
       {"remote_bytes_received", c.remote_bytes_received.load()},
+      {"remote_bytes_between_workers", c.remote_bytes_between_workers.load()},
       {"tier1_hot_graphs", c.tier1_hot.load()},
       {"tier1_compiled", c.tier1_compiled.load()},
       {"tier1_compile_us", c.tier1_compile_us.load()},

@@ -471,6 +471,11 @@ def test_three_ranks_values_cross_between_workers():
         lanes = {e["lane"] for e in plan.timeline()}
         assert lanes == {"rank1:cpu/lane0", "rank2:cpu/lane0"}, lanes
         assert plan.remote_bytes_received == 512 * 512 * 4, str(plan)
+        # The sum chain's partial sums that crossed, counted by their makers.
+        assert plan.remote_bytes_between_workers % (512 * 512 * 4) == 0, str(plan)
+        assert 0 < plan.remote_bytes_between_workers <= 11 * 512 * 512 * 4, str(plan)
+        assert "between them" in str(plan)
+        assert torch_mgpu.stats()["remote_bytes_between_workers"] >= plan.remote_bytes_between_workers
         done()
     """, world=3)
 

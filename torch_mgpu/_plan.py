@@ -31,6 +31,7 @@ class Plan:
         # Lanes on other ranks: bytes of values sent to and received from workers.
         self.remote_bytes_sent = head["remote_bytes_sent"]
         self.remote_bytes_received = head["remote_bytes_received"]
+        self.remote_bytes_between_workers = head["remote_bytes_between_workers"]
         self.fused_nodes = head["fused_nodes"]
         self._nodes = head["nodes"]
         self._timeline = None
@@ -90,6 +91,8 @@ class Plan:
             f"[{', '.join(self.lanes)}], policy {self.policy}, {self.transfers} transfer(s)"
             + (f", {self.remote_bytes_sent} bytes to and {self.remote_bytes_received} from other ranks"
                if self.remote_bytes_sent or self.remote_bytes_received else "")
+            + (f", {self.remote_bytes_between_workers} between them"
+               if self.remote_bytes_between_workers else "")
             + (", refined by measured node times" if self.refined else "")
             + (f", tier 1: compiled {self.compiled}" if self.tier else ""),
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "

@@ -25,6 +25,7 @@ struct PlanRecord {
   int lanes_used = 1;
   int transfers = 0;
   int64_t remote_bytes_sent = 0, remote_bytes_received = 0;  // values to and from other ranks
+  int64_t remote_bytes_between_workers = 0;                   // values one worker rank sent another
   double predicted_makespan = 0;
   double measured_makespan = 0;
   bool refined = false;  // planned with measured node times (plan::Plan::refined)

@@ -29,6 +29,7 @@ std::shared_ptr<PlanRecord> describe(const ir::Graph& g, const plan::Plan& p, co
     rec->measured_makespan = r->makespan;
     rec->remote_bytes_sent = r->remote_bytes_sent;
     rec->remote_bytes_received = r->remote_bytes_received;
+    rec->remote_bytes_between_workers = r->remote_bytes_between_workers;
   }
   rec->fused = p.fusion.group_of;
   rec->predicted_start = p.predicted_start;

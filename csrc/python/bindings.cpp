@@ -46,6 +46,7 @@ py::dict plan_summary(const PlanHandle& h) {
   d["transfers"] = r.transfers;
   d["remote_bytes_sent"] = r.remote_bytes_sent;
   d["remote_bytes_received"] = r.remote_bytes_received;
+  d["remote_bytes_between_workers"] = r.remote_bytes_between_workers;
   d["predicted_makespan"] = r.predicted_makespan;
   d["measured_makespan"] = r.measured_makespan;
   d["refined"] = r.refined;

@@ -42,6 +42,8 @@ struct Counters {
   alignas(64) std::atomic<int64_t> remote_structures_sent{0};
   alignas(64) std::atomic<int64_t> remote_bytes_sent{0};
   alignas(64) std::atomic<int64_t> remote_bytes_received{0};
+  // Values one worker sent another (counted here when the maker reports).
+  alignas(64) std::atomic<int64_t> remote_bytes_between_workers{0};
   alignas(64) std::atomic<int64_t> tier1_hot{0};
   alignas(64) std::atomic<int64_t> tier1_compiled{0};
   alignas(64) std::atomic<int64_t> tier1_compile_us{0};

@@ -176,7 +176,7 @@ struct Run {
     double sent_at = 0;  // when the program left (its steps' times count from here)
   };
   std::vector<std::unique_ptr<RemoteLane>> remote_lanes;
-  std::atomic<int64_t> sent_bytes{0}, received_bytes{0};
+  std::atomic<int64_t> sent_bytes{0}, received_bytes{0}, peer_bytes{0};
 
   ~Run() {
     for (const auto& c : copies) ir::release(c.second.bytes);
@@ -394,6 +394,8 @@ struct Run {
     for (const auto& o : out) ir::hold(o);
     res.values[i] = std::move(out);
     res.status[i] = Status::Ok;
+    for (size_t k = 0; k < node.outputs.size(); ++k)  // what it sent other workers
+      peer_bytes += static_cast<int64_t>(node.outputs[k].nbytes * forward[output_at[i] + k].size());
     release_operands(i);
   }
 
@@ -1215,6 +1217,7 @@ ExecResult::ExecResult(ExecResult&& o) noexcept
       makespan(o.makespan),
       remote_bytes_sent(o.remote_bytes_sent),
       remote_bytes_received(o.remote_bytes_received),
+      remote_bytes_between_workers(o.remote_bytes_between_workers),
       started(o.started) {}
 
 ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
@@ -1229,6 +1232,7 @@ ExecResult& ExecResult::operator=(ExecResult&& o) noexcept {
     makespan = o.makespan;
     remote_bytes_sent = o.remote_bytes_sent;
     remote_bytes_received = o.remote_bytes_received;
+    remote_bytes_between_workers = o.remote_bytes_between_workers;
     started = o.started;
   }
   return *this;
@@ -1298,6 +1302,8 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     run.finish_remote();
     res.remote_bytes_sent = run.sent_bytes.load();
     res.remote_bytes_received = run.received_bytes.load();
+    res.remote_bytes_between_workers = run.peer_bytes.load();
+    counters().remote_bytes_between_workers += res.remote_bytes_between_workers;
   } catch (const std::exception& e) {
     // The run could not start (a lane thread could not be made, memory ran
     // out): nothing that did not finish ran. Lanes are done here.

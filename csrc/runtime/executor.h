@@ -41,6 +41,7 @@ struct ExecResult {
   // Lanes on other ranks: bytes of values sent to workers (inputs, kept
   // values the first time) and received from them.
   int64_t remote_bytes_sent = 0, remote_bytes_received = 0;
+  int64_t remote_bytes_between_workers = 0;  // values one worker sent another
   std::chrono::steady_clock::time_point started;  // timing[i] counts from here
 
   ExecResult() = default;
