@@ -227,7 +227,11 @@ struct Run {
           if (d < 0 || p.lane_of[d] == p.lane_of[i]) continue;
           const int out = output_at[d] + g.nodes[i]->operands[k].index;
           const int to = rank_of(p.lane_of[i]);
-          if (rank_of(p.lane_of[d]) && to) {
+          // Straight between two workers, both answering (a rank that is
+          // lost, though perhaps alive, would leave the other waiting: its
+          // values go through this process, which fails them at once).
+          if (rank_of(p.lane_of[d]) && to && !places[p.lane_of[d]].remote->lost() &&
+              !places[p.lane_of[i]].remote->lost()) {
             if (std::find(forward[out].begin(), forward[out].end(), to) == forward[out].end()) forward[out].push_back(to);
           } else {
             exported[out] = 1;
@@ -239,6 +243,10 @@ struct Run {
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   // The rank lane l runs on (0: this process).
   int rank_of(int l) const { return places[l].remote ? places[l].remote->rank() : 0; }
+  // Whether output `out` goes straight to worker `rank` (decided once per run).
+  bool forwarded_to(int out, int rank) const {
+    return rank && std::find(forward[out].begin(), forward[out].end(), rank) != forward[out].end();
+  }
 
   // Node i failed (its own work: Failed) or could not run (an input was
   // lost: Skipped, with the lost value's error when it came from outside
@@ -446,7 +454,7 @@ struct Run {
             resident_ids.push_back(id);
           }
           ref = -1 - it->second;
-        } else if (d >= 0 && rank_of(p.lane_of[d]) != 0) {
+        } else if (d >= 0 && forwarded_to(output_at[d] + v.index, rank_of(l))) {
           // Made on another worker, which sends it here (keyed by its
           // output's index in the graph).
           auto [it, first] = input_slot.try_emplace({g.nodes[d].get(), v.index}, slots);
@@ -531,7 +539,7 @@ struct Run {
       const ir::Node& node = *g.nodes[i];
       for (size_t k = 0; k < node.operands.size(); ++k) {
         const int d = producer[operand_at[i] + k];
-        if (d < 0 || p.lane_of[d] == rl.lane || rank_of(p.lane_of[d]) == 0) continue;
+        if (d < 0 || !forwarded_to(output_at[d] + node.operands[k].index, rank_of(rl.lane))) continue;
         if (!seen.insert({d, node.operands[k].index}).second) continue;
         peers.put<int64_t>(npeers++);
         peers.put<int32_t>(rank_of(p.lane_of[d]));
@@ -649,7 +657,14 @@ struct Run {
             else bytes = leaf(*in.v.node, Place());
           } else if (res.status[in.producer] == Status::Ok) {
             bytes = res.values[in.producer][in.v.index];
-            if (!bytes.device().is_cpu()) bytes = copy_to(bytes, c10::Device(c10::kCPU), /*wait=*/true);
+            if (!bytes.device().is_cpu()) {
+              // Queued after its producer on that lane's stream (its status
+              // is set once the kernel is queued), and waited for.
+              const Place& from = places[p.lane_of[in.producer]];
+              std::optional<c10::StreamGuard> after;
+              if (from.streams) after.emplace(from.stream);
+              bytes = copy_to(bytes, c10::Device(c10::kCPU), /*wait=*/true);
+            }
           } else {
             why = "lost";
           }

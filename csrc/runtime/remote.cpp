@@ -13,10 +13,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 namespace torch_mgpu::runtime {
@@ -284,7 +287,9 @@ WorkerInfo Remote::hello() {
   info.torch_version = std::string(r.get_bytes());
   info.host = std::string(r.get_bytes());
   info.threads = r.get<int32_t>();
-  info.cuda_devices = r.get<int32_t>();
+  // (A worker of another wire version may not say: the version check
+  // names the mismatch.)
+  info.cuda_devices = r.left() >= 4 ? r.get<int32_t>() : 0;
   return info;
 }
 
@@ -509,24 +514,30 @@ struct Worker {
   std::vector<c10::Storage> slots;
 
   Pending pending;  // a program's exports, sent while it goes on
-  // Its values for other workers, waited for after its end (a worker takes
-  // them when its steps need them); one that is lost takes none.
-  Pending to_peers;
+  // Its values for other workers, each message's sends kept (with the
+  // bytes they read) until they are done: a worker takes them when its
+  // steps need them, perhaps long after this one has moved on, and one
+  // that went away never does. Nothing waits for them.
+  std::list<Pending> to_peers;
+  // Workers whose messages can no longer be read in step (one went away,
+  // or sent what no program reads): their values are lost from then on.
+  std::set<int> distrusted;
   void send_to_peer(int peer, Msg kind, int64_t key, const std::vector<c10::Storage>& blobs) {
     Writer w;
     w.put<int64_t>(key);
     try {
-      send_message(*backend, peer, kToPeer, kind, w.bytes(), blobs, &to_peers);
+      to_peers.emplace_back();
+      send_message(*backend, peer, kToPeer, kind, w.bytes(), blobs, &to_peers.back());
     } catch (const std::exception&) {
       // That worker is gone: the controller fails what it ran.
     }
   }
-  void wait_for_peers() {
-    try {
-      to_peers.wait();
-    } catch (const std::exception&) {
-      to_peers = Pending();  // a worker that went away
-    }
+  // Drops the messages to other workers that are sent (or failed: their
+  // worker went away).
+  void reap_peer_sends() {
+    to_peers.remove_if([](const Pending& p) {
+      return std::all_of(p.works.begin(), p.works.end(), [](const auto& w) { return w->isCompleted(); });
+    });
   }
   void answer(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
     pending.wait();
@@ -542,9 +553,16 @@ struct Worker {
   }
   // Bytes on `device`: values arrive in host memory and a kept value stays
   // where it was last used.
+  // An allocation for a device is a placeholder of its size until then.
   static c10::Storage& on(c10::Storage& s, c10::Device device) {
-    if (s.device() != device) s = copy_to(s, device);
+    if (s.device() == device) return s;
+    s = s.device().type() == c10::kMeta ? allocate(s.nbytes(), device) : copy_to(s, device);
     return s;
+  }
+  static c10::Storage placeholder(size_t nbytes) {
+    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                             c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr,
+                                                             false));
   }
 
   c10::Storage& value(int64_t ref) {
@@ -681,11 +699,31 @@ struct Worker {
         TORCH_CHECK(nto < static_cast<uint32_t>(world), "torch_mgpu: a step's output goes to ", nto, " workers");
         std::vector<int> to(nto);
         for (auto& peer : to) peer = peer_rank();
+        TORCH_CHECK(std::set<int>(to.begin(), to.end()).size() == to.size(),
+                    "torch_mgpu: a step's output goes to one worker twice");
         st.keys.push_back(to.empty() ? -1 : r.get<int64_t>());
         st.forward.push_back(std::move(to));
       }
     }
     TORCH_CHECK(r.done(), "torch_mgpu: a program's structure has bytes left over");
+    // Each slot is filled one way at most (an allocation, a value from
+    // another worker, a step's output; the rest come from the controller),
+    // and each value from another worker has one slot: else a message would
+    // be left unread, or read into the wrong run.
+    std::vector<char> filled(p.slots, 0);
+    auto fill = [&](int64_t slot) {
+      TORCH_CHECK(!filled[slot], "torch_mgpu: a program fills slot ", slot, " twice");
+      filled[slot] = 1;
+    };
+    for (const auto& a : p.allocs) fill(a.first);
+    std::set<std::pair<int, int64_t>> keys;
+    for (const auto& in : p.from_peers) {
+      fill(in.slot);
+      TORCH_CHECK(keys.insert({in.peer, in.key}).second, "torch_mgpu: a program reads value ", in.key, " of rank ",
+                  in.peer, " twice");
+    }
+    for (const auto& st : p.steps)
+      for (auto o : st.outs) fill(o);
     return p;
   }
 
@@ -743,7 +781,7 @@ struct Worker {
     enum : char { Absent, Present, Lost };
     std::vector<char> state(slots.size(), Absent);
     for (auto [slot, nbytes] : prog.allocs) {
-      slots[slot] = allocate(nbytes, device);
+      slots[slot] = device.is_cpu() ? allocate(nbytes) : placeholder(nbytes);
       state[slot] = Present;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -757,29 +795,32 @@ struct Worker {
       peer_slot[{in.peer, in.key}] = in.slot;
     }
     auto next_from_peer = [&](int peer) {
-      Msg kind{};
-      std::vector<c10::Storage> got;
-      std::string body;
       try {
-        body = receive_message(*backend, peer, kToPeer, kind, &got, timeout());
+        TORCH_CHECK(!distrusted.count(peer), "torch_mgpu: rank ", peer, " was lost before");
+        Msg kind{};
+        std::vector<c10::Storage> got;
+        std::string body = receive_message(*backend, peer, kToPeer, kind, &got, timeout());
+        Reader pr(body);
+        auto it = peer_slot.find({peer, pr.get<int64_t>()});
+        TORCH_CHECK(it != peer_slot.end(), "torch_mgpu: rank ", peer, " sent a value this program does not read");
+        const int64_t slot = it->second;
+        TORCH_CHECK(state[slot] == Absent, "torch_mgpu: rank ", peer, " sent slot ", slot, " twice");
+        if (kind == Msg::Import) {
+          TORCH_CHECK(got.size() == 1, "torch_mgpu: rank ", peer, " sent a value in ", got.size(), " parts");
+          slots[slot] = got[0];  // moved to the device by the step that reads it
+          state[slot] = Present;
+        } else {
+          TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: rank ", peer, " sent message kind ",
+                      static_cast<uint32_t>(kind));
+          state[slot] = Lost;
+        }
       } catch (const std::exception&) {
-        // That worker went away (Gloo raises its I/O errors as they come).
+        // That worker went away (Gloo raises its I/O errors as they come),
+        // or its messages are out of step: what it had to send is lost,
+        // and it is not listened to again.
+        distrusted.insert(peer);
         for (size_t k = 0; k < slots.size(); ++k)
           if (peer_of[k] == peer && state[k] == Absent) state[k] = Lost;
-        return;
-      }
-      Reader pr(body);
-      auto it = peer_slot.find({peer, pr.get<int64_t>()});
-      TORCH_CHECK(it != peer_slot.end(), "torch_mgpu: rank ", peer, " sent a value this program does not read");
-      const int64_t slot = it->second;
-      if (kind == Msg::Import) {
-        slots[slot] = got.at(0);
-        on(slots[slot], device);
-        state[slot] = Present;
-      } else {
-        TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: rank ", peer, " sent message kind ",
-                    static_cast<uint32_t>(kind));
-        state[slot] = Lost;
       }
     };
     // A program that could not be built here: the values it would have
@@ -796,8 +837,7 @@ struct Worker {
       TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an input for slot ", slot,
                   " of ", slots.size());
       if (kind == Msg::Import) {
-        slots[slot] = got.at(0);
-        on(slots[slot], device);
+        slots[slot] = got.at(0);  // moved to the device by the step that reads it
         state[slot] = Present;
       } else {
         TORCH_CHECK(kind == Msg::Missing, "torch_mgpu: message kind ", static_cast<uint32_t>(kind),
@@ -823,6 +863,9 @@ struct Worker {
     for (size_t s = 0; s < steps.size(); ++s) {
       Step& st = steps[s];
       uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
+      // Its operands where they are kept (a run's slot, or a value kept
+      // from run to run), moved to the device when the step runs.
+      std::vector<c10::Storage*> where;
       std::vector<c10::Storage> operands;
       size_t kept = 0;
       for (auto ref : st.refs) {
@@ -832,16 +875,20 @@ struct Worker {
           // next request.
           while (state[ref] == Absent) peer_of[ref] >= 0 ? next_from_peer(peer_of[ref]) : next_input();
           if (state[ref] == Lost) status = 3;
-          else operands.push_back(slots[ref]);
+          else where.push_back(&slots[ref]);
         } else {
-          operands.push_back(on(value(-st.kept[kept++]), device));
+          where.push_back(&value(-st.kept[kept++]));
         }
       }
+      for (auto* w : where) operands.push_back(*w);
       if (status == 1) check_views(st, operands);
       const double start = now();  // its inputs are here
       std::vector<c10::Storage> forwarded;
       if (status == 1) {
         try {
+          // (On a device, a copy there that fails, such as one out of
+          // memory, fails the step.)
+          for (size_t k = 0; k < where.size(); ++k) operands[k] = on(*where[k], device);
           std::vector<c10::Storage> out;
           {
             ir::CallStateGuard settings(st.node->state);
@@ -910,7 +957,7 @@ struct Worker {
       while (peer_of[k] >= 0 && state[k] == Absent) next_from_peer(peer_of[k]);
     end.bytes() += result_ids.bytes();
     answer(Msg::End, end.bytes(), results);
-    wait_for_peers();
+    reap_peer_sends();
     if (!any_failed) slots.clear();
   }
 };
