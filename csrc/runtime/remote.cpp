@@ -29,7 +29,9 @@ namespace {
 constexpr int kToWorker = 0x6d67;      // c10d tags: the controller's messages
 constexpr int kToController = 0x6d68;  // the worker's
 constexpr int kToPeer = 0x6d69;        // values one worker sends another
-constexpr size_t kHeader = 4096;
+// A message's first send is at most this long: the receiver always has a
+// buffer of this size posted for it (see receive_message).
+constexpr size_t kFirst = (1 << 20) + 4096;
 
 // Error classes that cross: the worker's kernel raised one, the
 // controller raises the same.
@@ -46,13 +48,18 @@ std::chrono::milliseconds timeout() {
 }
 
 
-// One message: a fixed-size header (kind, the frame's length), the frame
-// when it does not fit in the header (the blobs' sizes, the body and the
-// small blobs' bytes), then each large blob on its own, sent from and
-// received into its storage with no copy. Each send costs the transport a
-// wake-up on both sides; copying a small blob costs less than that, a
-// large one more.
-constexpr size_t kLargeBlob = 64 << 10;
+// One message: a first send of its kind and its frame's length, followed by
+// the frame when it fits in kFirst (the blobs' sizes, the body and the
+// bytes of the blobs below kLargeBlob), else the frame on its own; then each
+// large blob on its own, sent from and received into its storage with no
+// copy. Each send is a rendezvous of the two sides' transport threads (the
+// receiver says it is ready, then the bytes go), and a receiver whose
+// buffer is posted before the bytes come saves one round of it: a
+// receiver always has a first buffer posted for a peer it waits for. Under
+// load each round waits for threads to get a core (milliseconds on two
+// busy cores), so values up to half a megabyte are copied into the first
+// send: two copies cost less than a round.
+constexpr size_t kLargeBlob = 512 << 10;
 
 std::chrono::milliseconds forever() { return std::chrono::milliseconds(std::numeric_limits<int32_t>::max()); }
 
@@ -79,12 +86,12 @@ struct Pending {
 // the order they were queued).
 void send_message(c10d::Backend& b, int peer, int tag, Msg kind, const std::string& body,
                   const std::vector<c10::Storage>& blobs, Pending* pending = nullptr) {
-  constexpr size_t room = kHeader - 16;
   size_t frame_len = 8 + 8 * blobs.size() + body.size();
   for (const auto& s : blobs)
     if (s.nbytes() < kLargeBlob) frame_len += s.nbytes();
-  const bool inline_frame = frame_len <= room;
-  at::Tensor head = at::empty({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
+  const bool inline_frame = 16 + frame_len <= kFirst;
+  at::Tensor head =
+      at::empty({static_cast<int64_t>(inline_frame ? 16 + frame_len : 16)}, at::TensorOptions().dtype(at::kByte));
   at::Tensor rest;
   char* out = static_cast<char*>(head.data_ptr());
   auto put = [&](const void* p, size_t n) {
@@ -129,17 +136,20 @@ void send_message(c10d::Backend& b, int peer, int tag, Msg kind, const std::stri
 
 std::string receive_message(c10d::Backend& b, int peer, int tag, Msg& kind, std::vector<c10::Storage>* blobs,
                             std::chrono::milliseconds wait_for) {
-  at::Tensor head = at::empty({static_cast<int64_t>(kHeader)}, at::TensorOptions().dtype(at::kByte));
+  // The first send lands in this thread's buffer (posted whole: a send
+  // may be shorter than the buffer it lands in). Nothing returned points
+  // into it.
+  thread_local at::Tensor head = at::empty({static_cast<int64_t>(kFirst)}, at::TensorOptions().dtype(at::kByte));
   std::vector<at::Tensor> t{head};
   b.recv(t, peer, tag)->wait(wait_for);
   const char* h = static_cast<const char*>(head.data_ptr());
-  Reader r(h, kHeader);
+  Reader r(h, kFirst);
   kind = static_cast<Msg>(r.get<uint32_t>());
   r.get<uint32_t>();
   const auto frame_len = r.get<uint64_t>();
   at::Tensor rest;
   const char* frame = h + 16;
-  if (frame_len > kHeader - 16) {
+  if (16 + frame_len > kFirst) {
     rest = at::empty({static_cast<int64_t>(frame_len)}, at::TensorOptions().dtype(at::kByte));
     std::vector<at::Tensor> more{rest};
     b.recv(more, peer, tag)->wait(timeout());
@@ -219,7 +229,7 @@ std::exception_ptr read_error(Reader& r, std::string* message) {
 
 std::string wire_version() {
   if (const char* fake = std::getenv("TORCH_MGPU_WIRE_VERSION")) return fake;  // tests: a mismatched worker
-  return "torch_mgpu 0.1.0 wire 2";
+  return "torch_mgpu 0.1.0 wire 3";
 }
 
 std::string torch_version() { return TORCH_VERSION; }
@@ -249,7 +259,7 @@ void Remote::lose(const std::string& what, const std::exception& e) {
 
 void Remote::send(Msg kind, const std::string& body, const std::vector<c10::Storage>& blobs) {
   check_alive();
-  size_t bytes = kHeader + body.size();
+  size_t bytes = 16 + body.size();  // the kind and lengths, the body, the values
   for (const auto& b : blobs) bytes += b.nbytes();
   counters().remote_bytes_sent += static_cast<int64_t>(bytes);
   try {
@@ -264,7 +274,7 @@ std::string Remote::receive(Msg& kind, std::vector<c10::Storage>* blobs) {
   try {
     std::vector<c10::Storage> got;
     std::string body = receive_message(*backend_, rank_, kToController, kind, &got, timeout());
-    size_t bytes = kHeader + body.size();
+    size_t bytes = 16 + body.size();  // the kind and lengths, the body, the values
     for (const auto& b : got) bytes += b.nbytes();
     counters().remote_bytes_received += static_cast<int64_t>(bytes);
     if (blobs) *blobs = std::move(got);
