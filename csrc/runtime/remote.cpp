@@ -561,9 +561,9 @@ struct Worker {
   static c10::Storage host(const c10::Storage& s) {
     return s.device().is_cpu() ? s : copy_to(s, c10::Device(c10::kCPU), /*wait=*/true);
   }
-  // Bytes on `device`: values arrive in host memory and a kept value stays
-  // where it was last used.
-  // An allocation for a device is a placeholder of its size until then.
+  // Bytes on `device`: values arrive in host memory, a kept value stays
+  // where it was last used, and an allocation for a device is a
+  // placeholder of its size until then.
   static c10::Storage& on(c10::Storage& s, c10::Device device) {
     if (s.device() == device) return s;
     s = s.device().type() == c10::kMeta ? allocate(s.nbytes(), device) : copy_to(s, device);
