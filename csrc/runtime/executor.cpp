@@ -380,10 +380,6 @@ struct Run {
   }
 
   // What res.values holds for a value kept on a worker: its size, no bytes.
-  static c10::Storage stand_in(size_t nbytes) {
-    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr, false));
-  }
   static bool is_stand_in(const c10::Storage& s) { return s && s.device().type() == c10::kMeta; }
 
   // Node i of a remote lane ran there (its exported outputs in `got`, by
@@ -391,7 +387,7 @@ struct Run {
   void remote_done(int i, std::vector<std::pair<int, c10::Storage>> got) {
     const ir::Node& node = *g.nodes[i];
     std::vector<c10::Storage> out;
-    for (const auto& o : node.outputs) out.push_back(stand_in(o.nbytes));
+    for (const auto& o : node.outputs) out.push_back(placeholder(o.nbytes));
     for (auto& [k, bytes] : got) {
       // (A storage may hold more than the value: a kernel's result can be
       // a view of a larger buffer, a written operand is its whole storage.)
@@ -420,12 +416,10 @@ struct Run {
     const int l = rl.lane;
     Remote& rem = *rl.rem;
     fault_point(FaultPoint::Program, rem.name());
-    std::vector<int64_t> dead;
-    std::vector<std::pair<int64_t, c10::Storage>> puts;
+    ProgramMessage m;
     int64_t slots = 0;
     std::map<std::pair<const void*, int>, int64_t> input_slot;
     std::map<const void*, int64_t> resident_param;
-    std::vector<int64_t> resident_ids;
     std::vector<std::pair<int64_t, size_t>> allocs;
     Writer peers;   // inputs other workers send: slot, rank, key
     uint32_t npeers = 0;
@@ -443,15 +437,16 @@ struct Run {
         if (d >= 0 && p.lane_of[d] == l) {
           ref = remote_slot[output_at[d] + v.index];
         } else if (d < 0 && v.node->kind == ir::NodeKind::Data) {
-          auto [it, first] = resident_param.try_emplace(v.node.get(), static_cast<int64_t>(resident_ids.size()));
+          auto [it, first] = resident_param.try_emplace(v.node.get(), static_cast<int64_t>(m.reads.size()));
           if (first) {
             bool fresh = false;
-            const int64_t id = rem.resident(v.node, fresh, dead);
+            const int64_t id = rem.resident(v.node, fresh, m.drop);
             if (fresh) {
-              puts.emplace_back(id, leaf(*v.node, Place()));  // its bytes in host memory
+              m.keep.push_back(id);
+              blobs.push_back(leaf(*v.node, Place()));  // its bytes in host memory
               rl.fresh.push_back(id);
             }
-            resident_ids.push_back(id);
+            m.reads.push_back(id);
           }
           ref = -1 - it->second;
         } else if (d >= 0 && forwarded_to(output_at[d] + v.index, rank_of(l))) {
@@ -490,41 +485,15 @@ struct Run {
       }
     }
     Writer structure;
-    const c10::Device there = places[l].there;
-    structure.put<int8_t>(static_cast<int8_t>(there.type()));
-    structure.put<int16_t>(there.has_index() ? there.index() : 0);
-    structure.put<uint32_t>(static_cast<uint32_t>(slots));
-    structure.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
-    for (auto [slot, nbytes] : allocs) {
-      structure.put<int64_t>(slot);
-      structure.put<uint64_t>(nbytes);
-    }
-    structure.put<uint32_t>(npeers);
-    structure.bytes() += peers.bytes();
-    structure.put<uint32_t>(0);  // nothing it will not send
+    put_structure_head(structure, places[l].there, static_cast<uint32_t>(slots), allocs, npeers, peers.bytes(), 0, "");
     structure.bytes() += steps.bytes();
-    const uint64_t key = std::hash<std::string>{}(structure.bytes());
-    std::vector<uint64_t> forget;
-    const bool known = rem.knows_program(key, forget);
+    m.structure = std::move(structure.bytes());
+    m.key = std::hash<std::string>{}(m.structure);
+    m.known = rem.knows_program(m.key, m.forget);
     counters().remote_programs++;
-    if (!known) counters().remote_structures_sent++;
-    Writer w;
-    w.put<uint64_t>(dead.size());
-    for (auto id : dead) w.put<int64_t>(id);
-    w.put<uint32_t>(static_cast<uint32_t>(puts.size()));
-    for (auto& [id, bytes] : puts) {
-      w.put<int64_t>(id);
-      blobs.push_back(bytes);
-    }
-    w.put<uint32_t>(static_cast<uint32_t>(forget.size()));
-    for (auto k : forget) w.put<uint64_t>(k);
-    w.put<uint64_t>(key);
-    w.put<uint8_t>(!known);
-    if (!known) w.put_string(structure.bytes());
-    w.put<uint32_t>(static_cast<uint32_t>(resident_ids.size()));
-    for (auto id : resident_ids) w.put<int64_t>(id);
-    w.bytes() += values.bytes();
-    return std::move(w.bytes());
+    if (!m.known) counters().remote_structures_sent++;
+    m.values = std::move(values.bytes());
+    return m.bytes();
   }
 
   // In place of lane rl's program when it cannot be built, if it has
@@ -553,29 +522,15 @@ struct Run {
         }
     }
     if (!npeers && !nmissing) return "";
+    // On the worker's CPU, a slot per value it takes, no steps.
     Writer structure;
-    structure.put<int8_t>(static_cast<int8_t>(c10::DeviceType::CPU));
-    structure.put<int16_t>(0);
-    structure.put<uint32_t>(npeers);  // slots: one per value it takes
-    structure.put<uint32_t>(0);       // allocations
-    structure.put<uint32_t>(npeers);
-    structure.bytes() += peers.bytes();
-    structure.put<uint32_t>(nmissing);
-    structure.bytes() += missing.bytes();
-    structure.put<uint32_t>(0);  // steps
-    const uint64_t key = std::hash<std::string>{}(structure.bytes());
-    std::vector<uint64_t> forget;
-    const bool known = rl.rem->knows_program(key, forget);
-    Writer w;
-    w.put<uint64_t>(0);  // nothing to drop
-    w.put<uint32_t>(0);  // nothing to keep
-    w.put<uint32_t>(static_cast<uint32_t>(forget.size()));
-    for (auto k : forget) w.put<uint64_t>(k);
-    w.put<uint64_t>(key);
-    w.put<uint8_t>(!known);
-    if (!known) w.put_string(structure.bytes());
-    w.put<uint32_t>(0);  // it reads no kept value
-    return std::move(w.bytes());
+    put_structure_head(structure, c10::Device(c10::kCPU), npeers, {}, npeers, peers.bytes(), nmissing, missing.bytes());
+    structure.put<uint32_t>(0);
+    ProgramMessage m;
+    m.structure = std::move(structure.bytes());
+    m.key = std::hash<std::string>{}(m.structure);
+    m.known = rl.rem->knows_program(m.key, m.forget);
+    return m.bytes();
   }
 
   // The sending half of a remote lane: its program, then the inputs other

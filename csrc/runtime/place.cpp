@@ -64,6 +64,12 @@ at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
   return ir::make_view(storage, key, geom);
 }
 
+c10::Storage placeholder(size_t nbytes) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                           c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr,
+                                                           false));
+}
+
 c10::Storage allocate(size_t nbytes, c10::Device device) {
   c10::OptionalDeviceGuard guard;
   if (!device.is_cpu()) guard.reset_device(device);

@@ -50,6 +50,9 @@ std::vector<Place> make_places(const plan::Topology& t);
 
 // A tensor over `storage` with `geom`, on the storage's device.
 at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom);
+// A storage of `nbytes` whose bytes are nowhere yet (on the meta device):
+// a value kept on another rank, an allocation not made yet.
+c10::Storage placeholder(size_t nbytes);
 // Fresh bytes on `device` (device memory is ordered on its current stream).
 c10::Storage allocate(size_t nbytes, c10::Device device = c10::Device(c10::kCPU));
 // Zeroes every byte of `s`.

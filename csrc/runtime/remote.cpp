@@ -343,30 +343,53 @@ void Remote::free(const std::vector<int64_t>& ids) {
   send(Msg::Free, w.bytes(), {});
 }
 
+std::string ProgramMessage::bytes() const {
+  Writer w;
+  w.put<uint64_t>(drop.size());
+  for (auto id : drop) w.put<int64_t>(id);
+  w.put<uint32_t>(static_cast<uint32_t>(keep.size()));
+  for (auto id : keep) w.put<int64_t>(id);
+  w.put<uint32_t>(static_cast<uint32_t>(forget.size()));
+  for (auto k : forget) w.put<uint64_t>(k);
+  w.put<uint64_t>(key);
+  w.put<uint8_t>(!known);
+  if (!known) w.put_string(structure);
+  w.put<uint32_t>(static_cast<uint32_t>(reads.size()));
+  for (auto id : reads) w.put<int64_t>(id);
+  w.bytes() += values;
+  return std::move(w.bytes());
+}
+
+void put_structure_head(Writer& w, c10::Device device, uint32_t slots,
+                        const std::vector<std::pair<int64_t, size_t>>& allocs, uint32_t npeers,
+                        const std::string& peers, uint32_t nmissing, const std::string& missing) {
+  w.put<int8_t>(static_cast<int8_t>(device.type()));
+  w.put<int16_t>(device.has_index() ? device.index() : 0);
+  w.put<uint32_t>(slots);
+  w.put<uint32_t>(static_cast<uint32_t>(allocs.size()));
+  for (auto [slot, nbytes] : allocs) {
+    w.put<int64_t>(slot);
+    w.put<uint64_t>(nbytes);
+  }
+  w.put<uint32_t>(npeers);
+  w.bytes() += peers;
+  w.put<uint32_t>(nmissing);
+  w.bytes() += missing;
+}
+
 double Remote::probe_bandwidth(size_t nbytes) {
   c10::Storage probe = allocate(nbytes);
   std::memset(probe.mutable_data(), 0, nbytes);
-  const int64_t id = next_id();
-  Writer empty;  // a program of no steps
-  empty.put<int8_t>(static_cast<int8_t>(c10::DeviceType::CPU));  // on the worker's CPU
-  empty.put<int16_t>(0);
-  empty.put<uint32_t>(0);  // slots
-  empty.put<uint32_t>(0);  // allocations
-  empty.put<uint32_t>(0);  // inputs from other workers
-  empty.put<uint32_t>(0);  // values it will not send
+  ProgramMessage m;  // a program of no steps, on the worker's CPU, that keeps the probe
+  m.keep.push_back(next_id());
+  Writer empty;
+  put_structure_head(empty, c10::Device(c10::kCPU), 0, {}, 0, "", 0, "");
   empty.put<uint32_t>(0);  // steps
-  Writer w;
-  w.put<uint64_t>(0);   // nothing to drop
-  w.put<uint32_t>(1);   // one value to keep
-  w.put<int64_t>(id);
-  w.put<uint32_t>(0);   // no programs to forget
-  w.put<uint64_t>(0);   // the empty program's key
-  w.put<uint8_t>(1);
-  w.put_string(empty.bytes());
-  w.put<uint32_t>(0);   // it reads no kept value
+  m.structure = std::move(empty.bytes());
+  const int64_t id = m.keep[0];
   std::lock_guard<std::mutex> lock(m_);
   const auto t0 = std::chrono::steady_clock::now();
-  send(Msg::Exec, w.bytes(), {probe});
+  send(Msg::Exec, m.bytes(), {probe});
   Msg kind{};
   receive(kind, nullptr);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -568,11 +591,6 @@ struct Worker {
     if (s.device() == device) return s;
     s = s.device().type() == c10::kMeta ? allocate(s.nbytes(), device) : copy_to(s, device);
     return s;
-  }
-  static c10::Storage placeholder(size_t nbytes) {
-    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                             c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr,
-                                                             false));
   }
 
   c10::Storage& value(int64_t ref) {

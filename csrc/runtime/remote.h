@@ -121,6 +121,27 @@ class Remote {
   uint64_t tick_ = 0;
 };
 
+// A program message (Msg::Exec) as a worker reads it; its blobs are the
+// bytes of the values in `keep`, in that order.
+struct ProgramMessage {
+  std::vector<int64_t> drop;     // kept values the worker drops (their tensors died)
+  std::vector<int64_t> keep;     // values it keeps from now on, sent with it
+  std::vector<uint64_t> forget;  // structures it forgets
+  uint64_t key = 0;              // its structure's
+  bool known = false;            // the worker keeps that structure: it is not sent
+  std::string structure;
+  std::vector<int64_t> reads;    // the kept values it reads
+  std::string values;            // the run's values, per step
+  std::string bytes() const;
+};
+// A program structure's head, before its steps: the device its steps run
+// on, its slots and allocations, the inputs other workers send it (`npeers`
+// of slot, rank, key in `peers`) and the values it tells other workers will
+// not come (`nmissing` of rank, key in `missing`).
+void put_structure_head(Writer& w, c10::Device device, uint32_t slots,
+                        const std::vector<std::pair<int64_t, size_t>>& allocs, uint32_t npeers,
+                        const std::string& peers, uint32_t nmissing, const std::string& missing);
+
 // The error a worker sent (its class and message), to raise here.
 std::exception_ptr read_error(Reader& r, std::string* message);
 
