@@ -66,9 +66,9 @@ def run(args, torch, torch_mgpu, bench_branches, bench_kernels, tree_map):
         cpu_inputs = case.make("cpu")
         mgpu_inputs = tree_map(lambda t: t.to("mgpu"), cpu_inputs)
         times = {k: [] for k in configs}
-        predicted, measured = [], []
+        predicted, measured, ranks = [], [], []
 
-        def once(name):
+        def once(name, timed=True):
             cfg = configs[name]
             if cfg is None or cfg == "all":
                 torch.set_num_threads(1 if cfg is None else os.cpu_count())
@@ -82,34 +82,40 @@ def run(args, torch, torch_mgpu, bench_branches, bench_kernels, tree_map):
             torch_mgpu.synchronize()
             dt = time.perf_counter() - t0
             del out
-            if name == "mgpu 2 ranks":
+            if name == "mgpu 2 ranks" and timed:
                 plan = torch_mgpu.last_plan()
                 predicted.append(plan.predicted_makespan)
                 measured.append(plan.measured_makespan)
+                ranks.append(plan.lanes_used)
             return dt
 
         # Round-robin over the configurations; each turn configures its
-        # lanes (configure() drops the cached plans), runs twice to warm its
-        # plan, then is timed.
+        # lanes (configure() drops the cached plans), runs until its plan
+        # has learned what it measures (refined after 4 runs; a plan with
+        # lanes on other ranks is then measured against one lane, 3 runs
+        # each), then is timed.
         for _ in range(args.reps):
             for name, cfg in configs.items():
+                warm = 2
                 if isinstance(cfg, tuple):
                     torch_mgpu.configure(devices=cfg[0], lanes_per_device=cfg[1], policy="auto")
-                for _ in range(2):
-                    once(name)
+                    warm = 12
+                for _ in range(warm):
+                    once(name, timed=False)
                 times[name].append(min(once(name) for _ in range(2)))
         med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append((case.name, med, statistics.median(predicted), statistics.median(measured)))
+        rows.append((case.name, med, statistics.median(predicted), statistics.median(measured),
+                     sum(r > 1 for r in ranks) / len(ranks)))
 
     print(f"{'case':28s} " + " ".join(f"{k:>24s}" for k in configs) + "   2 ranks vs eager 1t, vs best eager")
-    for name, med, pred, meas in rows:
+    for name, med, pred, meas, _ in rows:
         best = min(med["eager"], med["eager 1 thread"])
         print(f"{name:28s} " + " ".join(f"{med[k] * 1e3:21.2f} ms" for k in configs) +
               f"   {med['eager 1 thread'] / med['mgpu 2 ranks']:.2f}x, {best / med['mgpu 2 ranks']:.2f}x")
     print()
-    for name, med, pred, meas in rows:
-        print(f"{name}: simulator predicted {pred * 1e3:.2f} ms for the 2-rank plan, measured {meas * 1e3:.2f} ms "
-              f"(ratio {meas / pred:.2f})")
+    for name, med, pred, meas, spread in rows:
+        print(f"{name}: simulator predicted {pred * 1e3:.2f} ms for the plan that ran, measured {meas * 1e3:.2f} ms "
+              f"(ratio {meas / pred:.2f}); it used both ranks in {spread:.0%} of the timed runs")
 
     # Per-sync cost of a cached plan with one node on the worker, beside
     # the same sync on this process's lane.

@@ -29,6 +29,7 @@ std::map<std::string, int64_t> stats() {
       {"ops_executed", c.ops_executed.load()},
       {"plans_built", c.plans_built.load()},
       {"plan_cache_hits", c.plan_cache_hits.load()},
+      {"plans_measured_slower", c.plans_measured_slower.load()},
       {"eager_fallbacks", c.eager_fallbacks.load()},
       {"bytes_transferred", c.bytes_transferred.load()},
       {"syncs", c.syncs.load()},

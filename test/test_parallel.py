@@ -1,6 +1,7 @@
 """Partitioning over lanes: plans, parallel execution, virtual devices, the
 plan cache, the simulator, and correctness under concurrency."""
 import copy
+import os
 import random
 
 import pytest
@@ -376,3 +377,38 @@ def test_a_kept_plan_describes_its_own_graph(lanes_config):
     assert dot.count("->") >= 3 * 3
     assert "aten::mm" in str(first) and "aten::exp" in str(second)
     assert first.graph_hash != second.graph_hash
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: one thread against all of them")
+def test_a_one_lane_plan_is_planned_with_the_syncing_threads_threads(lanes_config):
+    # One lane runs on the thread that syncs, with its intra-op threads: the
+    # plan predicts it so, and a background flight runs it so too.
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=1, policy="auto")
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(400, 400, generator=g)
+    b = big.to("mgpu")
+    saved = torch.get_num_threads()
+    predicted = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal((b @ b).cpu(), big @ big)
+            (e,) = [e for e in torch_mgpu.last_plan().timeline() if e["op"] == "aten::mm"]
+            assert e["threads"] == threads
+            predicted[threads] = e["predicted_end"] - e["predicted_start"]
+            # A flight (another thread) runs the same graph with them.
+            flights = torch_mgpu.stats()["background_flushes"]
+            async_before = torch_mgpu.async_ops()
+            torch_mgpu.set_async_ops(1)
+            try:
+                out = b @ b
+                torch_mgpu.synchronize()
+            finally:
+                torch_mgpu.set_async_ops(async_before)
+            assert torch_mgpu.stats()["background_flushes"] == flights + 1
+            (e,) = [e for e in torch_mgpu.last_plan().timeline() if e["op"] == "aten::mm"]
+            assert e["threads"] == threads
+            assert torch.equal(out.cpu(), big @ big)
+    finally:
+        torch.set_num_threads(saved)
+    assert predicted[1] > 1.5 * predicted[2], predicted

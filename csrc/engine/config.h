@@ -14,13 +14,21 @@ namespace torch_mgpu::engine {
 // (cold: first touches of memory) kRefineRuns runs record each node's
 // measured / predicted time; then the graph is planned again, once, with
 // each node's median ratio as its Work::scale, if any node was off by more
-// than kRefineOff. Later runs keep that plan (no flip-flop under noise).
+// than kRefineOff. Later runs keep that plan (no flip-flop under noise),
+// except that a plan with lanes on other ranks is then measured against one
+// lane (below).
 struct CachedPlan {
   std::shared_ptr<const plan::Plan> plan;
   const Lanes* lanes = nullptr;  // what it was planned for (the cache is emptied when they change)
   std::vector<std::vector<double>> ratios;  // per node, one per measured run
   int runs = 0;
-  bool settled = false;
+  bool refined = false;  // the ratios are in (and the plan remade if off)
+  bool settled = false;  // nothing more to learn
+  // A plan with lanes on other ranks, once refined, runs kRefineRuns more
+  // times, then one lane (`trial`, planned with `scale`) as many: the
+  // faster is kept. `kept`: the plan while the trial runs.
+  std::vector<double> scale, plan_times, trial_times;
+  std::shared_ptr<const plan::Plan> trial, kept;
 };
 
 // Lanes (and their places), the policy and the plan cache.

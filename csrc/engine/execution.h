@@ -2,6 +2,7 @@
 // One execution of the pending graph, shared by the foreground sync
 // (sync.cpp) and background flights (background.cpp). Internal.
 #include "engine/engine.h"
+#include "runtime/lanes.h"
 
 #include <chrono>
 #include <exception>
@@ -30,6 +31,9 @@ std::shared_ptr<const Lanes> current_lanes();
 struct Execution {
   std::shared_ptr<const Lanes> lanes = current_lanes();  // as configured when it was made
   std::vector<ir::Value> roots;  // the live pending values when it started
+  // The intra-op threads of the thread that made it (a flight runs on
+  // another): a one-lane plan runs with these.
+  int caller_threads = runtime::thread_parallelism();
   ir::Graph g;
   std::shared_ptr<const plan::Plan> plan;
   runtime::ExecResult result;

@@ -33,6 +33,21 @@ bool same_topology(const plan::Topology& a, const plan::Topology& b) {
   return a.devices == b.devices && a.lanes_per_device == b.lanes_per_device && a.cores == b.cores && a.cuda == b.cuda;
 }
 
+// The lanes' topology as a thread with `threads` intra-op threads plans it:
+// its one-lane plans run with that many (at most the cores).
+plan::Topology for_caller(const plan::Topology& t, int threads) {
+  plan::Topology out = t;
+  out.caller_threads = std::clamp(threads, 1, t.cores);
+  return out;
+}
+
+// The plan cache's key: a graph, and the caller's threads where they
+// change its plans.
+uint64_t plan_key(uint64_t hash, const plan::Topology& t) {
+  const int threads = t.cuda ? 0 : t.one_lane_threads();
+  return hash ^ (static_cast<uint64_t>(threads) * 0x9E3779B97F4A7C15ull);
+}
+
 } // namespace
 
 namespace {
@@ -138,46 +153,84 @@ std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan:
                                                  const std::string& policy) {
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(g.hash);
+  auto it = c.plans.find(plan_key(g.hash, topo));
   if (it == c.plans.end() || it->second.lanes != c.lanes.get() || !same_topology(c.lanes->topo, topo) ||
       c.lanes->policy != policy)
     return nullptr;
   return it->second.plan;
 }
 
-std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l) {
+std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l, int caller_threads) {
+  const auto topo = for_caller(l.topo, caller_threads);
   if (runtime::in_forked_child())  // no lane threads here: one lane, the calling thread
     return std::make_shared<const plan::Plan>(
-        plan::make_serial_plan(g, l.topo, cost_model(), plan::fusion_enabled() && !l.topo.cuda && !stream_lanes(l)));
+        plan::make_serial_plan(g, topo, cost_model(), plan::fusion_enabled() && !l.topo.cuda && !stream_lanes(l)));
   const auto& cm = cost_model();  // before the config lock: it reads the lanes
+  const uint64_t key = plan_key(g.hash, topo);
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(g.hash);
+  auto it = c.plans.find(key);
   if (it != c.plans.end() && it->second.lanes == &l) {
     runtime::counters().plan_cache_hits++;
     return it->second.plan;
   }
-  auto p = std::make_shared<const plan::Plan>(make_plan_for(g, l.topo, cm, l.policy, stream_lanes(l)));
+  auto p = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, l.policy, stream_lanes(l)));
   runtime::counters().plans_built++;
   if (c.plans.size() >= 1024) c.plans.clear();  // bounded
-  CachedPlan& e = c.plans[g.hash];
+  CachedPlan& e = c.plans[key];
   e = CachedPlan();
   e.plan = p;
   e.lanes = &l;
   return p;
 }
 
-void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan::Plan>& p,
+namespace {
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Whether `p` runs nodes on another rank.
+bool uses_other_ranks(const plan::Plan& p) {
+  for (size_t l = 0; l < p.lane_order.size(); ++l)
+    if (!p.lane_order[l].empty() && p.lanes[l].rank != 0) return true;
+  return false;
+}
+} // namespace
+
+void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::shared_ptr<const plan::Plan>& p,
            const runtime::ExecResult& r) {
   if (!refine_enabled() || r.first_error || r.timing.size() != g.size()) return;
   const auto& cm = cost_model();  // before the config lock: it reads the lanes
+  const auto topo = for_caller(l.topo, caller_threads);
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(g.hash);
+  auto it = c.plans.find(plan_key(g.hash, topo));
   if (it == c.plans.end() || it->second.plan != p || it->second.settled) return;
   CachedPlan& e = it->second;
   const size_t n = g.size();
   if (e.runs++ == 0) return;  // the cold run
+  if (e.refined) {
+    // Measuring the plan against one lane (below): its runs, then the
+    // trial's; the faster stays.
+    auto& times = e.trial ? e.trial_times : e.plan_times;
+    times.push_back(r.makespan);
+    if (times.size() < static_cast<size_t>(kRefineRuns)) return;
+    if (!e.trial) {
+      e.trial = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, "serial", stream_lanes(l), e.scale));
+      e.kept = std::move(e.plan);
+      e.plan = e.trial;
+      runtime::counters().plans_built++;
+      return;
+    }
+    e.settled = true;
+    const bool one_lane_faster = median(e.trial_times) < median(e.plan_times);
+    if (!one_lane_faster) e.plan = std::move(e.kept);
+    if (one_lane_faster) runtime::counters().plans_measured_slower++;
+    e.kept.reset();
+    e.trial.reset();
+    return;
+  }
   e.ratios.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const bool fused = !p->fusion.group_of.empty() && p->fusion.group_of[i] >= 0;  // a group's time, shared out
@@ -187,20 +240,29 @@ void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan:
     e.ratios[i].push_back(measured / predicted);
   }
   if (e.runs <= kRefineRuns) return;
-  e.settled = true;
+  e.refined = true;
   std::vector<double> scale(n, 1.0);
   bool off = false;
   for (size_t i = 0; i < n; ++i) {
     auto& v = e.ratios[i];
     if (v.size() < static_cast<size_t>(kRefineRuns)) continue;  // not measured in every run
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    scale[i] = std::max(v[v.size() / 2], 1e-3);  // a node the model knows nothing of can be off by 100x and more
+    scale[i] = std::max(median(v), 1e-3);  // a node the model knows nothing of can be off by 100x and more
     off = off || scale[i] > kRefineOff || scale[i] < 1.0 / kRefineOff;
   }
   e.ratios.clear();
-  if (!off) return;  // the model was right: keep the plan
-  e.plan = std::make_shared<const plan::Plan>(make_plan_for(g, l.topo, cm, l.policy, stream_lanes(l), scale));
-  runtime::counters().plans_built++;
+  if (off) {
+    e.plan = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, l.policy, stream_lanes(l), scale));
+    runtime::counters().plans_built++;
+  }
+  // A plan with lanes on other ranks is measured against one lane here
+  // before it is kept: what a value crossing ranks waits for (the
+  // transport's threads getting a core on a busy machine, a halted idle
+  // core waking) is milliseconds that no ping shows, and is not in the model.
+  if (uses_other_ranks(*e.plan) && l.policy == "auto") {
+    e.scale = std::move(scale);
+  } else {
+    e.settled = true;
+  }
 }
 
 bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }

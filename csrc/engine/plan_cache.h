@@ -18,14 +18,17 @@ bool stream_lanes(const Lanes& l);
 plan::Plan make_plan_for(const ir::Graph& g, const plan::Topology& topo, const plan::CostModel& cm,
                          const std::string& policy, bool stream_lanes, const std::vector<double>& scale = {});
 // The plan the next sync of `g` would run, if the plan cache holds one made
-// for lanes like `topo` with `policy` (refined by measurement, perhaps).
+// for lanes like `topo` (and its caller_threads) with `policy` (refined by
+// measurement, perhaps).
 std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan::Topology& topo,
                                                  const std::string& policy);
-// The plan for `g` on lanes `l`: the cached one, or a new one (cached).
-std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l);
+// The plan for `g` on lanes `l`, synced from a thread with `caller_threads`
+// intra-op threads: the cached one, or a new one (cached; one per graph and
+// thread count).
+std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l, int caller_threads);
 // Records what a run of cached plan `p` measured, and plans the graph again
 // with the measured scales when its first runs are in (see CachedPlan).
-void learn(const ir::Graph& g, const Lanes& l, const std::shared_ptr<const plan::Plan>& p,
+void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::shared_ptr<const plan::Plan>& p,
            const runtime::ExecResult& r);
 
 } // namespace torch_mgpu::engine

@@ -101,7 +101,7 @@ void Execution::run() {
   auto t0 = clock::now();
   g = ir::build_graph(roots);
   auto t1 = clock::now();
-  plan = plan_for(g, *lanes);
+  plan = plan_for(g, *lanes, caller_threads);
   runtime::counters().syncs++;
   auto t2 = clock::now();
   TierRun tier;
@@ -124,7 +124,7 @@ void Execution::run() {
       rec->tier = 1;
       rec->compiled = tier.compiled->description;
     } else {
-      learn(g, *lanes, plan, result);
+      learn(g, *lanes, caller_threads, plan, result);
     }
   } catch (const std::exception&) {
     // What the plan did and learned is lost (memory ran out); the results

@@ -250,7 +250,7 @@ void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, con
   int used = 0;
   for (const auto& o : p.lane_order) used += o.empty() ? 0 : 1;
   p.lanes_used = std::max(1, used);
-  p.threads_per_lane = p.lanes_used == 1 ? t.cores : t.threads_per_lane(p.lanes_used);
+  p.threads_per_lane = p.lanes_used == 1 ? t.one_lane_threads() : t.threads_per_lane(p.lanes_used);
   p.transfers = 0;
   for (size_t i = 0; i < g.size(); ++i)
     for (int d : g.deps[i])

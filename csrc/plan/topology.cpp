@@ -14,6 +14,10 @@ int Topology::threads_per_lane(int lanes_in_use) const {
   return std::max(1, cores / std::max(1, lanes_in_use));
 }
 
+int Topology::one_lane_threads() const {
+  return cuda || caller_threads <= 0 ? cores : std::min(cores, caller_threads);
+}
+
 Topology make_topology(const std::vector<std::string>& devices, int lanes_per_device, int cores) {
   TORCH_CHECK(!devices.empty(), "torch_mgpu: at least one device is needed");
   TORCH_CHECK(lanes_per_device >= 1, "torch_mgpu: lanes_per_device must be >= 1, got ", lanes_per_device);
@@ -291,10 +295,9 @@ double edge_seconds(double bytes, const Lane& a, const Lane& b, const CostModel&
   if (a.device == b.device && a.index == b.index) return 0.0;
   if (a.device == b.device) return cm.lane_sync_s;
   if (a.rank != b.rank) {
-    // Through the controller when neither end is it; each hop wakes a
-    // receiving thread, then the reading lane.
-    const double hops = a.rank && b.rank ? 2.0 : 1.0;
-    return cm.lane_sync_s + hops * (2 * cm.network_latency_s + cm.lane_sync_s + bytes / cm.network_bytes_per_s);
+    // Straight from rank to rank (workers forward to each other): the
+    // message wakes a receiving thread, then the reading lane.
+    return 2 * cm.lane_sync_s + 2 * cm.network_latency_s + bytes / cm.network_bytes_per_s;
   }
   const double rate = cm.peer_bytes_per_s > 0 ? cm.peer_bytes_per_s : cm.transfer_bytes_per_s;
   return cm.lane_sync_s + cm.transfer_latency_s + bytes / rate;

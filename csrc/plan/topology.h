@@ -20,6 +20,9 @@ struct Topology {
   std::vector<Lane> lanes;
   int lanes_per_device = 1;
   int cores = 1;  // host cores shared by CPU lanes
+  // The intra-op threads of the thread that syncs: a plan of one CPU lane
+  // of this process runs with min(cores, caller_threads) (0: cores).
+  int caller_threads = 0;
   bool cuda = false;
   bool remote = false;  // some device is another rank's ("rankN:cpu", "rankN:cuda:K": one lane each)
   // The network to the workers, measured at configure (0: not measured;
@@ -27,6 +30,8 @@ struct Topology {
   double link_latency_s = 0, link_bytes_per_s = 0;
   // Lanes on CPU devices share the host cores: this many threads each.
   int threads_per_lane(int lanes_in_use) const;
+  // Threads of a plan that uses one lane only.
+  int one_lane_threads() const;
 };
 
 // Parses {"cpu","cpu"} or {"cuda:0","cuda:1"}; `lanes_per_device` >= 1.

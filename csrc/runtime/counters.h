@@ -13,6 +13,9 @@ struct Counters {
   alignas(64) std::atomic<int64_t> ops_executed{0};
   alignas(64) std::atomic<int64_t> plans_built{0};
   alignas(64) std::atomic<int64_t> plan_cache_hits{0};
+  // Plans with lanes on other ranks that measured slower than one lane
+  // (engine/plan_cache.cpp learn): their graphs run on one lane.
+  alignas(64) std::atomic<int64_t> plans_measured_slower{0};
   alignas(64) std::atomic<int64_t> eager_fallbacks{0};
   alignas(64) std::atomic<int64_t> bytes_transferred{0};
   alignas(64) std::atomic<int64_t> syncs{0};

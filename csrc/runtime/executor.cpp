@@ -1241,8 +1241,17 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
       }
     }
     if (busy.size() <= 1 && run.remote_lanes.empty()) {
-      // One lane: run on the calling thread with all its intra-op threads.
-      for (int l : busy) run.run_lane(l);
+      // One lane: run on the calling thread, with the intra-op threads the
+      // plan has for it (those of the thread that synced: a background
+      // flight runs on another thread).
+      for (int l : busy) {
+        if (places[l].device.is_cpu() && !places[l].streams && p.threads_per_lane != thread_parallelism()) {
+          ScopedParallelism threads(p.threads_per_lane);
+          run.run_lane(l);
+        } else {
+          run.run_lane(l);
+        }
+      }
     } else {
       run.parallel = true;
       at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
