@@ -232,6 +232,34 @@ def train_step(model, opt, sched, x, y):
     return loss.item()  # the step's one sync
 
 
+def test_background_flights_run_compiled_code(tiered, no_trial):
+    # With background execution a step is cut into flights every async_ops
+    # ops, the same cuts every step: each flight's graph gets hot and runs
+    # compiled on the background worker, as the sync's own graph does.
+    torch_mgpu.set_async_ops(64)
+    x = torch.randn(64)
+    xm = x.to("mgpu")
+
+    def f(t):
+        out = long_chain(t)  # 200 ops: three flights and the sync's own graph
+        t.mul_(0.999)  # an in-place write, in the sync's graph
+        return out
+
+    runs, flights = [], []
+    for k in range(8):
+        s0 = torch_mgpu.stats()
+        want = f(x)
+        torch.testing.assert_close(f(xm).cpu(), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(xm.cpu(), x)
+        s1 = torch_mgpu.stats()
+        runs.append(s1["tier1_runs"] - s0["tier1_runs"])
+        flights.append(s1["background_flushes"] - s0["background_flushes"])
+        if k in (1, 2):  # (a graph of the first step may differ: its hits start one step later)
+            assert torch_mgpu.wait_for_compiles(300)
+    assert flights == [3] * 8, flights
+    assert runs[:2] == [0, 0] and runs[4:] == [4] * 4, (runs, torch_mgpu._C._tier_last_error())
+
+
 @pytest.fixture
 def no_trial():
     torch_mgpu._C._set_tier_trial(False)

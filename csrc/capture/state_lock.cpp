@@ -78,6 +78,11 @@ StateLock::~StateLock() {
   if (interpreter_) g_hooks.restore(interpreter_);
 }
 
+InterpreterRelease::InterpreterRelease() : interpreter_(release_interpreter()) {}
+InterpreterRelease::~InterpreterRelease() {
+  if (interpreter_) g_hooks.restore(interpreter_);
+}
+
 void defer_free(LazyBuffer* b) {
   std::lock_guard<std::mutex> lock(deferred_mutex());
   deferred().push_back(b);

@@ -46,6 +46,21 @@ class StateLock {
   void* interpreter_ = nullptr;  // the interpreter lock let go of at the outermost level
 };
 
+// Lets go of the interpreter lock for a scope if this thread holds it: for a
+// wait on another thread that may need it (a background flight that calls
+// compiled code), from a thread that may hold it under the state lock
+// (Python that runs under it and records an op).
+class InterpreterRelease {
+ public:
+  InterpreterRelease();
+  ~InterpreterRelease();
+  InterpreterRelease(const InterpreterRelease&) = delete;
+  InterpreterRelease& operator=(const InterpreterRelease&) = delete;
+
+ private:
+  void* interpreter_ = nullptr;
+};
+
 // A buffer whose storage died while another thread held the state lock: the
 // holder frees it before releasing the lock.
 void defer_free(LazyBuffer* b);

@@ -131,7 +131,13 @@ void finish_flight() {
     return;
   }
   auto t0 = clock::now();
-  Worker::instance().wait();
+  {
+    // The flight may call compiled code, which takes the GIL: a thread that
+    // holds it here (an op recorded by Python running under the state
+    // lock) lets go of it while it waits.
+    capture::InterpreterRelease let_go;
+    Worker::instance().wait();
+  }
   runtime::counters().background_wait_us += micros(t0, clock::now());
   auto e = std::move(bg.flight);
   bg.flight.reset();
@@ -158,7 +164,6 @@ bool start_flight() {
   e->roots = pending_roots();
   if (e->roots.empty()) return true;
   bg.since_flush = 0;
-  e->background = true;
   bg.flight = e;
   runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));
@@ -206,7 +211,6 @@ void recorded(bool background_safe) {
   auto e = std::make_shared<engine::Execution>();
   e->roots = engine::pending_roots();
   if (e->roots.empty()) return;
-  e->background = true;
   bg.flight = e;
   runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));

@@ -27,7 +27,10 @@ struct Lanes {
 std::shared_ptr<const Lanes> current_lanes();
 
 // One execution of a graph: built, planned and run either by the sync
-// itself (a foreground sync) or by the background worker (a flight).
+// itself (a foreground sync) or by the background worker (a flight). Both
+// run compiled code where a graph has it (engine/tiers.h); compiled code
+// takes the GIL, so whoever waits for a flight lets go of the GIL first
+// (finish_flight).
 struct Execution {
   std::shared_ptr<const Lanes> lanes = current_lanes();  // as configured when it was made
   std::vector<ir::Value> roots;  // the live pending values when it started
@@ -39,9 +42,6 @@ struct Execution {
   runtime::ExecResult result;
   std::shared_ptr<const PlanRecord> record;  // for last_plan()
   bool ran = false;  // execution began: the results must be bound
-  // A background flight: it never takes the GIL, so it runs tier 0 only
-  // (engine/tiers.h: compiled code is Python's).
-  bool background = false;
 
   void run();  // build, plan (cached), execute, describe
 };

@@ -106,7 +106,7 @@ void Execution::run() {
   auto t2 = clock::now();
   TierRun tier;
   std::optional<runtime::ExecResult> compiled;
-  if (!background) compiled = run_tier1(g, *lanes, tier);
+  compiled = run_tier1(g, *lanes, tier);
   if (compiled) {
     result = std::move(*compiled);
   } else {
@@ -115,9 +115,8 @@ void Execution::run() {
   ran = true;
   auto t3 = clock::now();
   try {
-    if (!background)
-      observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
-                   static_cast<bool>(result.first_error));
+    observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
+                 static_cast<bool>(result.first_error));
     auto rec = engine::describe(g, *plan, &result);
     record = rec;
     if (tier.compiled) {
