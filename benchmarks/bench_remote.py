@@ -8,7 +8,8 @@ run and round-robin: eager with all threads and with one thread (one rank),
 mgpu with two lanes in one process (two threads), mgpu on this process's lane and the worker's
 (`["cpu", "rank1:cpu"]`), and the per-sync cost of a cached plan whose one
 node runs on the worker. Prints a table and the simulator's prediction for
-the two-rank plans against their measured times.
+the two-rank plans against their measured times, and its plans for 2 and 3
+hosts with cores of their own (which one machine cannot show).
 """
 import argparse
 import os
@@ -116,6 +117,25 @@ def run(args, torch, torch_mgpu, bench_branches, bench_kernels, tree_map):
     for name, med, pred, meas, spread in rows:
         print(f"{name}: simulator predicted {pred * 1e3:.2f} ms for the plan that ran, measured {meas * 1e3:.2f} ms "
               f"(ratio {meas / pred:.2f}); it used both ranks in {spread:.0%} of the timed runs")
+
+    # Hosts with cores of their own, which this machine cannot show: the
+    # simulator's plan for 2 and 3 hosts (one lane each, one thread, the
+    # cost model's network: 100 us, 1 GB/s) against one lane.
+    print()
+    torch.set_num_threads(1)
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=1, policy="auto")
+    saved_async = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    for case in cases:
+        mgpu_inputs = tree_map(lambda t: t.to("mgpu"), case.make("cpu"))
+        out = case.fn(*mgpu_inputs)
+        one = torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="auto").makespan
+        hosts = {h: torch_mgpu.simulate(devices=1, lanes_per_device=1, policy="auto", hosts=h).makespan for h in (2, 3)}
+        torch_mgpu.synchronize()
+        del out
+        print(f"{case.name}: simulated on separate hosts, one lane {one * 1e3:.2f} ms, 2 hosts {hosts[2] * 1e3:.2f} ms "
+              f"({one / hosts[2]:.2f}x), 3 hosts {hosts[3] * 1e3:.2f} ms ({one / hosts[3]:.2f}x)")
+    torch_mgpu.set_async_ops(saved_async)
 
     # Per-sync cost of a cached plan with one node on the worker, beside
     # the same sync on this process's lane.
