@@ -3,6 +3,9 @@ plan cache, the simulator, and correctness under concurrency."""
 import copy
 import os
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -380,35 +383,37 @@ def test_a_kept_plan_describes_its_own_graph(lanes_config):
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: one thread against all of them")
-def test_a_one_lane_plan_is_planned_with_the_syncing_threads_threads(lanes_config):
+def test_a_one_lane_plan_is_planned_with_the_syncing_threads_threads():
     # One lane runs on the thread that syncs, with its intra-op threads: the
-    # plan predicts it so, and a background flight runs it so too.
-    torch_mgpu.configure(devices=["cpu"], lanes_per_device=1, policy="auto")
-    g = torch.Generator().manual_seed(5)
-    big = torch.randn(400, 400, generator=g)
-    b = big.to("mgpu")
-    saved = torch.get_num_threads()
-    predicted = {}
-    try:
+    # plan predicts it so, and a background flight runs it so too. In a
+    # process of its own: torch.set_num_threads changes MKL's threads for the
+    # rest of a process (a forked child of this one would then start them).
+    code = textwrap.dedent("""
+        import torch, torch_mgpu
+        torch_mgpu.configure(devices=["cpu"], lanes_per_device=1, policy="auto")
+        g = torch.Generator().manual_seed(5)
+        big = torch.randn(400, 400, generator=g)
+        b = big.to("mgpu")
+        predicted = {}
         for threads in (1, 2):
             torch.set_num_threads(threads)
             assert torch.equal((b @ b).cpu(), big @ big)
             (e,) = [e for e in torch_mgpu.last_plan().timeline() if e["op"] == "aten::mm"]
-            assert e["threads"] == threads
+            assert e["threads"] == threads, e
             predicted[threads] = e["predicted_end"] - e["predicted_start"]
             # A flight (another thread) runs the same graph with them.
             flights = torch_mgpu.stats()["background_flushes"]
-            async_before = torch_mgpu.async_ops()
             torch_mgpu.set_async_ops(1)
-            try:
-                out = b @ b
-                torch_mgpu.synchronize()
-            finally:
-                torch_mgpu.set_async_ops(async_before)
+            out = b @ b
+            torch_mgpu.synchronize()
+            torch_mgpu.set_async_ops(256)
             assert torch_mgpu.stats()["background_flushes"] == flights + 1
             (e,) = [e for e in torch_mgpu.last_plan().timeline() if e["op"] == "aten::mm"]
-            assert e["threads"] == threads
+            assert e["threads"] == threads, e
             assert torch.equal(out.cpu(), big @ big)
-    finally:
-        torch.set_num_threads(saved)
-    assert predicted[1] > 1.5 * predicted[2], predicted
+        assert predicted[1] > 1.5 * predicted[2], predicted
+        print("OK")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr

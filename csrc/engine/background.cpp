@@ -8,6 +8,8 @@
 
 #include <ATen/record_function.h>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -79,6 +81,8 @@ class Worker {
       }
       try {
         e->run();
+      } catch (abi::__forced_unwind&) {
+        throw;  // the thread is being ended (pthread_exit): let it
       } catch (...) {
         // Building or planning failed before anything ran (e->ran is
         // false): the nodes stay pending, and the next sync plans them again

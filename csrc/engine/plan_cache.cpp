@@ -53,8 +53,8 @@ uint64_t plan_key(uint64_t hash, const plan::Topology& t) {
 namespace {
 // Every lane runs its nodes by their predicted start (a node starts after
 // what it reads ends, so the lanes' orders agree with the graph's), after
-// nodes moved between lanes; then fusion groups, transfers and the
-// predicted timeline follow the new lanes.
+// nodes moved between lanes; then the lanes used and their threads, fusion
+// groups, transfers and the predicted timeline follow the new lanes.
 void reorder_lanes(const ir::Graph& g, const plan::Topology& topo, const plan::CostModel& cm,
                    const std::vector<double>& scale, plan::Plan& p) {
   for (auto& order : p.lane_order) order.clear();
@@ -73,6 +73,7 @@ void reorder_lanes(const ir::Graph& g, const plan::Topology& topo, const plan::C
     work[i] = plan::estimate_work(*g.nodes[i]);
     if (i < scale.size()) work[i].scale = scale[i];
   }
+  plan::set_lane_use(g, topo, cm, work, p);  // moves may have emptied a lane
   if (!p.fusion.groups.empty()) plan::apply_fusion(g, topo, cm, work, p);
   else plan::simulate(g, topo, cm, work, p);
 }
@@ -217,7 +218,9 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
     times.push_back(r.makespan);
     if (times.size() < static_cast<size_t>(kRefineRuns)) return;
     if (!e.trial) {
-      e.trial = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, "serial", stream_lanes(l), e.scale));
+      plan::Plan one = make_plan_for(g, topo, cm, "serial", stream_lanes(l), e.scale);
+      one.policy = l.policy;
+      e.trial = std::make_shared<const plan::Plan>(std::move(one));
       e.kept = std::move(e.plan);
       e.plan = e.trial;
       runtime::counters().plans_built++;
@@ -225,10 +228,13 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
     }
     e.settled = true;
     const bool one_lane_faster = median(e.trial_times) < median(e.plan_times);
-    if (!one_lane_faster) e.plan = std::move(e.kept);
     if (one_lane_faster) runtime::counters().plans_measured_slower++;
+    else e.plan = std::move(e.kept);
     e.kept.reset();
     e.trial.reset();
+    e.scale.clear();
+    e.plan_times.clear();
+    e.trial_times.clear();
     return;
   }
   e.ratios.resize(n);
@@ -254,11 +260,12 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
     e.plan = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, l.policy, stream_lanes(l), scale));
     runtime::counters().plans_built++;
   }
-  // A plan with lanes on other ranks is measured against one lane here
+  // A plan with lanes on other ranks is measured against one lane of this
+  // process (the first lane, where this process's devices come first)
   // before it is kept: what a value crossing ranks waits for (the
   // transport's threads getting a core on a busy machine, a halted idle
   // core waking) is milliseconds that no ping shows, and is not in the model.
-  if (uses_other_ranks(*e.plan) && l.policy == "auto") {
+  if (uses_other_ranks(*e.plan) && l.policy == "auto" && topo.lanes[0].rank == 0) {
     e.scale = std::move(scale);
   } else {
     e.settled = true;

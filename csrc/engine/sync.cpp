@@ -106,7 +106,7 @@ void Execution::run() {
   auto t2 = clock::now();
   TierRun tier;
   std::optional<runtime::ExecResult> compiled;
-  compiled = run_tier1(g, *lanes, tier);
+  compiled = run_tier1(g, *lanes, caller_threads, tier);
   if (compiled) {
     result = std::move(*compiled);
   } else {

@@ -7,6 +7,7 @@
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
 #include "runtime/counters.h"
+#include "runtime/lanes.h"
 #include "runtime/place.h"
 
 #include <algorithm>
@@ -397,7 +398,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-Entry& entry_for(Tiers& t, uint64_t key) {
+// The entry of `key`, made if new (the least recently used one goes when
+// there are kMaxEntries). Under t.m: the compiled code of an entry that
+// goes is handed to `dropped`, to be let go of after t.m (its deleter takes
+// the GIL, and a fork holds the GIL while it takes t.m).
+Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
   auto it = t.entries.find(key);
   if (it == t.entries.end()) {
     if (t.entries.size() >= kMaxEntries) {
@@ -405,7 +410,10 @@ Entry& entry_for(Tiers& t, uint64_t key) {
       for (auto e = t.entries.begin(); e != t.entries.end(); ++e)
         if (e->second.state != State::Queued && (oldest == t.entries.end() || e->second.used < oldest->second.used))
           oldest = e;
-      if (oldest != t.entries.end()) t.entries.erase(oldest);
+      if (oldest != t.entries.end()) {
+        if (oldest->second.compiled) dropped.push_back(std::move(oldest->second.compiled));
+        t.entries.erase(oldest);
+      }
     }
     it = t.entries.emplace(key, Entry()).first;
   }
@@ -493,7 +501,7 @@ void set_compiler_present(bool present) {
   if (present) t.stopped = false;
 }
 
-std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, TierRun& run) {
+std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, int caller_threads, TierRun& run) {
   if (compile_hits() == 0) return std::nullopt;
   run.key = key_of(g);
   std::shared_ptr<const CompiledGraph> compiled;
@@ -509,6 +517,11 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   // constants compiled in: tier 0.
   if (!eligible(g, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
+    // The compiled loops have their threads; the kernels they call (a
+    // product) take this thread's, as they would on the syncing thread.
+    const int threads = std::clamp(caller_threads, 1, l.topo.cores);
+    std::optional<runtime::ScopedParallelism> same;
+    if (threads != runtime::thread_parallelism()) same.emplace(threads);
     runtime::ExecResult r = call(g, *compiled);
     run.compiled = std::move(compiled);
     runtime::counters().tier1_runs++;
@@ -533,8 +546,9 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (hits == 0) return;
   auto& t = tiers();
   const uint64_t key = run.key ? run.key : key_of(g);
+  std::vector<std::shared_ptr<const CompiledGraph>> dropped;  // let go of after the lock
   std::unique_lock<std::mutex> lock(t.m);
-  Entry& e = entry_for(t, key);
+  Entry& e = entry_for(t, key, dropped);
   if (run.compiled && e.state == State::Kept) {
     if (!trial_slot()) return;  // kept without trials: kept as it is
     e.recent.push_back(seconds);
@@ -587,7 +601,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     lock.unlock();
     std::vector<uint64_t> first = constant_values(g);
     lock.lock();
-    entry_for(t, key).first_values = std::move(first);
+    entry_for(t, key, dropped).first_values = std::move(first);
     return;
   }
   if (e.hits < hits || !t.compiler) return;
@@ -597,7 +611,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   std::shared_ptr<CompileRequest> req = why.empty() ? request_for(g, key) : nullptr;
   if (req) req->varying = varying_constants(g, first);
   lock.lock();
-  Entry& again = entry_for(t, key);
+  Entry& again = entry_for(t, key, dropped);
   if (again.state != State::Cold) return;
   if (!req) {
     again.state = State::Rejected;

@@ -96,7 +96,9 @@ struct TierRun {
   uint64_t key = 0;
   std::shared_ptr<const CompiledGraph> compiled;  // tier 1 ran with it
 };
-std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, TierRun& run);
+// `caller_threads`: the intra-op threads of the thread that synced (a
+// flight runs the compiled code with as many, as it runs a one-lane plan).
+std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, int caller_threads, TierRun& run);
 // After a run: counts tier-0 hits (queues a hot graph for compiling), and
 // keeps or drops a compiled graph on trial by the seconds measured.
 void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double seconds, bool failed);

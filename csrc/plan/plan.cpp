@@ -247,26 +247,12 @@ bool is_matrix_product(const ir::Node& n) {
 void finish_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
                  const std::vector<std::vector<bool>>& reuse, Plan& p) {
   p.lanes = t.lanes;
-  int used = 0;
-  for (const auto& o : p.lane_order) used += o.empty() ? 0 : 1;
-  p.lanes_used = std::max(1, used);
-  p.threads_per_lane = p.lanes_used == 1 ? t.one_lane_threads() : t.threads_per_lane(p.lanes_used);
+  set_lane_use(g, t, cm, work, p);
   p.transfers = 0;
   for (size_t i = 0; i < g.size(); ++i)
     for (int d : g.deps[i])
       if (t.lanes[p.lane_of[d]].device != t.lanes[p.lane_of[i]].device) p.transfers++;
   p.reuse = reuse;
-  // One lane with all the cores: products too small to gain from threads
-  // (the cost model's single-thread rate) run on one, so that they never
-  // wake the intra-op team (a wake-up on a VM costs more than the product).
-  // Matrix products give the same bits on any number of threads (each
-  // output element is one thread's dot product).
-  p.one_thread.clear();
-  if (p.lanes_used == 1 && p.threads_per_lane > 1 && !t.cuda) {
-    p.one_thread.assign(g.size(), 0);
-    for (size_t i = 0; i < g.size(); ++i)
-      p.one_thread[i] = work[i].gemm && work[i].flops < cm.parallel_min_flops && is_matrix_product(*g.nodes[i]);
-  }
   simulate(g, t, cm, work, p);
 }
 
@@ -521,6 +507,25 @@ Plan heft_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, const
 }
 
 } // namespace
+
+void set_lane_use(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                  Plan& p) {
+  int used = 0;
+  for (const auto& o : p.lane_order) used += o.empty() ? 0 : 1;
+  p.lanes_used = std::max(1, used);
+  p.threads_per_lane = p.lanes_used == 1 ? t.one_lane_threads() : t.threads_per_lane(p.lanes_used);
+  // One lane with all the cores: products too small to gain from threads
+  // (the cost model's single-thread rate) run on one, so that they never
+  // wake the intra-op team (a wake-up on a VM costs more than the product).
+  // Matrix products give the same bits on any number of threads (each
+  // output element is one thread's dot product).
+  p.one_thread.clear();
+  if (p.lanes_used == 1 && p.threads_per_lane > 1 && !t.cuda) {
+    p.one_thread.assign(g.size(), 0);
+    for (size_t i = 0; i < g.size(); ++i)
+      p.one_thread[i] = work[i].gemm && work[i].flops < cm.parallel_min_flops && is_matrix_product(*g.nodes[i]);
+  }
+}
 
 Plan make_serial_plan(const ir::Graph& g, const Topology& t, const CostModel& cm, bool fuse,
                       const std::vector<double>& scale) {

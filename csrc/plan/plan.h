@@ -103,6 +103,12 @@ void simulate(const ir::Graph& g, const Topology& t, const CostModel& cm, const 
 void apply_fusion(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
                   Plan& plan);
 
+// Lanes used, the threads each runs with and the products of a one-lane
+// plan too small for threads (one_thread), from the plan's lane_order:
+// after nodes moved between lanes. `work`: estimate_work of each node.
+void set_lane_use(const ir::Graph& g, const Topology& t, const CostModel& cm, const std::vector<Work>& work,
+                  Plan& plan);
+
 // Fills `reuse`: a write may reuse its input bytes only when the writer is
 // that version's only reader and the version is not wanted after the sync.
 void compute_reuse(const ir::Graph& g, Plan& plan);

@@ -112,6 +112,9 @@ ir::Partition::Fn tensors_fn(py::function fn) {
     }
   });
   return [held](const std::vector<at::Tensor>& inputs) {
+    // A thread that takes the GIL while the interpreter shuts down is ended
+    // there (or waits for ever): the caller runs the graph without it.
+    TORCH_CHECK(!Py_IsFinalizing(), "mgpu: the interpreter is shutting down: compiled code is not called");
     py::gil_scoped_acquire gil;
     try {
       py::list args;

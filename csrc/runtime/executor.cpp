@@ -1245,7 +1245,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
       // plan has for it (those of the thread that synced: a background
       // flight runs on another thread).
       for (int l : busy) {
-        if (places[l].device.is_cpu() && !places[l].streams && p.threads_per_lane != thread_parallelism()) {
+        if (places[l].device.is_cpu() && p.threads_per_lane != thread_parallelism()) {
           ScopedParallelism threads(p.threads_per_lane);
           run.run_lane(l);
         } else {

@@ -217,4 +217,29 @@ TEST(Remote, PlansKeepANodeThatCannotBeSentOnThisProcess) {
   for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(seen[i], 1) << "node " << i;
 }
 
+// When every node is kept here, the plan is a one-lane plan again: it says
+// so, and its lane gets the threads a one-lane plan has (the executor runs
+// it on the syncing thread with them), not half of them.
+TEST(Remote, APlanWhoseNodesAllStayHereIsAOneLanePlan) {
+  auto topo = plan::make_topology({"cpu", "rank1:cpu"}, 1, 2);
+  topo.caller_threads = 2;
+  plan::CostModel cm;
+  cm.network_latency_s = 1e-6;
+  std::vector<ir::Value> roots;
+  for (int k = 0; k < 6; ++k) {
+    auto x = torch::randn({384, 384});
+    auto n = make_node("aten::mm", "", {tensor_arg(0, x), tensor_arg(1, x)}, torch::empty({384, 384}), {x, x});
+    n->args.push_back(constant(c10::IValue(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()))));
+    roots.push_back(ir::Value{n, 0});
+  }
+  const auto g = ir::build_graph(roots);
+  const auto raw = plan::make_plan(g, topo, cm, "heft", false);
+  ASSERT_EQ(raw.lanes_used, 2) << "list scheduling spreads the products";
+  const auto p = engine::make_plan_for(g, topo, cm, "heft", false);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(p.lane_of[i], 0);
+  EXPECT_EQ(p.lanes_used, 1);
+  EXPECT_EQ(p.threads_per_lane, topo.one_lane_threads());
+  EXPECT_EQ(p.threads_per_lane, 2);
+}
+
 } // namespace
