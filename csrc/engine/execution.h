@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <memory>
@@ -14,6 +15,11 @@ namespace torch_mgpu::engine {
 using clock = std::chrono::steady_clock;
 inline int64_t micros(clock::time_point a, clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+}
+// The median of measured times (the upper one of an even count; `v` not empty).
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 // Where graphs run: the lanes' topology, their places and the policy.

@@ -33,14 +33,6 @@ bool same_topology(const plan::Topology& a, const plan::Topology& b) {
   return a.devices == b.devices && a.lanes_per_device == b.lanes_per_device && a.cores == b.cores && a.cuda == b.cuda;
 }
 
-// The lanes' topology as a thread with `threads` intra-op threads plans it:
-// its one-lane plans run with that many (at most the cores).
-plan::Topology for_caller(const plan::Topology& t, int threads) {
-  plan::Topology out = t;
-  out.caller_threads = std::clamp(threads, 1, t.cores);
-  return out;
-}
-
 // The plan cache's key: a graph, and the caller's threads where they
 // change its plans.
 uint64_t plan_key(uint64_t hash, const plan::Topology& t) {
@@ -186,11 +178,6 @@ std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l, i
 }
 
 namespace {
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // Whether `p` runs nodes on another rank.
 bool uses_other_ranks(const plan::Plan& p) {
   for (size_t l = 0; l < p.lane_order.size(); ++l)
@@ -273,5 +260,11 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
 }
 
 bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }
+
+plan::Topology for_caller(const plan::Topology& t, int threads) {
+  plan::Topology out = t;
+  out.caller_threads = std::clamp(threads, 1, t.cores);
+  return out;
+}
 
 } // namespace torch_mgpu::engine

@@ -12,6 +12,9 @@ namespace torch_mgpu::engine {
 // Whether `l`'s lanes order work as streams (CUDA, or CPU lanes under the
 // stream sanitizer) rather than host threads.
 bool stream_lanes(const Lanes& l);
+// `t` as a thread with `threads` intra-op threads plans on it: its one-lane
+// plans run with that many (at most the cores).
+plan::Topology for_caller(const plan::Topology& t, int threads);
 // A plan for `g` on `topo`, as a sync makes it (fusion on CPU lanes that are
 // not stream lanes; `scale`: measured corrections per node, or none): the
 // one function behind the syncs' plans and simulate().

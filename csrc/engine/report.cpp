@@ -81,7 +81,7 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   }
   // Planned as a sync from this thread would plan it (one lane runs with
   // this thread's intra-op threads).
-  if (device.empty()) topo.caller_threads = std::clamp(runtime::thread_parallelism(), 1, topo.cores);
+  if (device.empty()) topo = for_caller(topo, runtime::thread_parallelism());
   ir::Graph g = ir::build_graph(pending_roots());
   const plan::CostModel cm = device.empty() ? cost_model() : gpu;  // with the configured network's figures
   const std::string& pol = policy.empty() ? lanes->policy : policy;

@@ -393,11 +393,6 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
   return r;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The entry of `key`, made if new (the least recently used one goes when
 // there are kMaxEntries). Under t.m: the compiled code of an entry that
 // goes is handed to `dropped`, to be let go of after t.m (its deleter takes
