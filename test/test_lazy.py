@@ -1,4 +1,5 @@
 """Lazy capture and materialization: ops stay pending until a sync point."""
+import copy
 import gc
 import resource
 
@@ -178,3 +179,36 @@ def test_data_dependent_ops_run_eagerly():
     assert torch.equal(ms.cpu(), x_cpu[x_cpu > 0])
     u = torch.unique(torch.tensor([3, 1, 3, 2]).to("mgpu"))
     assert u.cpu().tolist() == [1, 2, 3]
+
+
+def test_batch_norm_updates_its_running_statistics_when_its_output_is_dropped():
+    # native_batch_norm writes running_mean and running_var without its
+    # schema saying so: the write must be a recorded one, or a forward whose
+    # output nobody reads (torch.optim.swa_utils.update_bn) updates nothing
+    # and a read recorded after it may run before it.
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm1d(6)
+    mg = copy.deepcopy(ref).to("mgpu")
+    x = torch.randn(32, 6) * 3 + 1
+    with torch.no_grad():
+        ref(x)
+        mg(x.to("mgpu"))
+    assert_same(mg.running_mean, ref.running_mean)
+    assert_same(mg.running_var, ref.running_var)
+    out = mg(x.to("mgpu"))
+    read = mg.running_var * 2
+    want = ref(x)
+    assert_same(read, ref.running_var * 2)
+    assert_same(out, want)
+    assert mg.num_batches_tracked.item() == ref.num_batches_tracked.item() == 2
+    # The functional form, and eval mode (which reads the statistics only).
+    rm, rv = torch.zeros(6).to("mgpu"), torch.ones(6).to("mgpu")
+    rm_ref, rv_ref = torch.zeros(6), torch.ones(6)
+    torch.nn.functional.batch_norm(x.to("mgpu"), rm, rv, training=True, momentum=0.3)
+    torch.nn.functional.batch_norm(x, rm_ref, rv_ref, training=True, momentum=0.3)
+    assert_same(rm, rm_ref)
+    assert_same(rv, rv_ref)
+    mg.eval()
+    ref.eval()
+    assert_same(mg(x.to("mgpu")), ref(x))
+    assert_same(mg.running_mean, ref.running_mean)
