@@ -1,6 +1,9 @@
 #include "runtime/executor.h"
 #include "ir/held_bytes.h"
 
+#include <ATen/ops/linalg_cholesky_ex.h>
+#include <ATen/ops/ones.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
@@ -1216,6 +1219,48 @@ void ExecResult::drop_values() {
   values.clear();
 }
 
+namespace {
+// Whether a node may reach one of the factorizations whose CUDA kernels
+// PyTorch loads on first use (libtorch_cuda_linalg).
+bool may_load_cuda_linalg(std::string_view name) {
+  if (name.rfind("aten::", 0) != 0) return false;
+  name.remove_prefix(6);
+  while (!name.empty() && name.front() == '_') name.remove_prefix(1);
+  for (std::string_view p : {"linalg_", "cholesky", "lu", "triangular_solve", "orgqr", "ormqr", "geqrf", "svd", "eig",
+                             "inverse", "lstsq", "det", "logdet", "slogdet", "ldl", "pinverse", "qr", "solve",
+                             "householder", "symeig", "matrix_exp"})
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+// PyTorch loads its CUDA linear algebra kernels on the first call of a
+// factorization, and that first call fails when two threads make it at
+// once ("lazy wrapper should be called at most once"): where lanes of a
+// run would, one call made here, once per process, loads them first.
+void load_cuda_linalg_before(const ir::Graph& g, const std::vector<Place>& places) {
+  static std::once_flag loaded;
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return;
+  const Place* cuda = nullptr;
+  for (const auto& pl : places)
+    if (!pl.remote && pl.device.is_cuda()) cuda = &pl;
+  if (!cuda) return;
+  bool wanted = false;
+  for (const auto& n : g.nodes) wanted = wanted || may_load_cuda_linalg(n->name);
+  if (!wanted) return;
+  std::call_once(loaded, [&] {
+    try {
+      c10::OptionalDeviceGuard device(cuda->device);
+      auto one = at::ones({1, 1}, at::TensorOptions().device(cuda->device));
+      at::linalg_cholesky_ex(one);  // loading is on the host, in this call
+    } catch (const std::exception&) {
+      // A torch without those kernels: the op itself raises eager's error.
+    }
+    done.store(true, std::memory_order_release);
+  });
+}
+} // namespace
+
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
   ExecResult res;
   const size_t n = g.size();
@@ -1253,6 +1298,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
         }
       }
     } else {
+      load_cuda_linalg_before(g, places);
       run.parallel = true;
       at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
       std::vector<std::function<void()>> jobs;

@@ -66,8 +66,34 @@ std::string describe_node(const ir::Node& n) {
   return s + ")";
 }
 
+namespace {
+// Whether the op has a kernel for the place's device. Recording chose some
+// ops for a device that is not CUDA: scaled_dot_product_attention on mgpu
+// picks _scaled_dot_product_flash_attention_for_cpu, which CUDA lacks.
+bool runs_on(const ir::Node& n, const Place& place) {
+  if (!place.device.is_cuda() || !n.op) return true;
+  return n.op->hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
+// Such an op runs on the host, as eager CPU runs it: its operands copied
+// there (the lane's stream finishes what it owes them first), its outputs
+// copied back to the lane's device.
+std::vector<c10::Storage> run_on_host(const ir::Node& n, const std::vector<c10::Storage>& operands,
+                                      const Place& place) {
+  std::vector<c10::Storage> host;
+  host.reserve(operands.size());
+  for (const auto& s : operands) host.push_back(copy_to(s, c10::Device(c10::kCPU), /*wait=*/true));
+  const Place cpu;  // the host, no stream
+  std::vector<c10::Storage> out = run_node(n, std::move(host), std::vector<bool>(operands.size(), true), cpu);
+  for (auto& s : out)
+    if (s.unsafeGetStorageImpl()) s = copy_to(s, place.device, /*wait=*/true);
+  return out;
+}
+} // namespace
+
 std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
                                    const std::vector<bool>& reuse, const Place& place) {
+  if (!runs_on(n, place)) return run_on_host(n, operands, place);
   // Stream lanes watched by an observer (the sanitizer): what the node's
   // work on its stream reads.
   std::vector<const void*> stream_reads;
