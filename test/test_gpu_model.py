@@ -113,7 +113,7 @@ def test_transfers_between_gpus_use_the_peer_link():
     del c, a, b
 
 
-def test_cpu_simulation_is_unchanged_by_the_gpu_model():
+def test_cpu_simulation_is_unchanged_by_the_gpu_model(cpu_lanes):
     # Without a profile, virtual devices are like the current (CPU) ones.
     g = torch.Generator().manual_seed(4)
     xs = [torch.randn(64, 64, generator=g).to("mgpu") for _ in range(8)]

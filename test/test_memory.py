@@ -9,6 +9,9 @@ import torch
 
 import torch_mgpu
 
+# Host bytes: on CUDA lanes values also hold copies on the GPU.
+pytestmark = pytest.mark.usefixtures("cpu_lanes")
+
 A = torch.accelerator
 
 

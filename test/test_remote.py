@@ -120,7 +120,7 @@ def test_results_equal_eager_on_a_worker_lane():
 
 def test_branches_split_between_this_process_and_a_worker():
     run_world("""
-        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], lanes_per_device=1, policy="heft")
         torch.manual_seed(1)
         xs = [torch.randn(512, 512) for _ in range(8)]  # ~5 ms a product: worth a crossing
         ms = [x.to("mgpu") for x in xs]
@@ -378,7 +378,7 @@ def test_results_of_steps_that_also_export_come_back():
     # Intermediate products are results (held here) and read by another
     # lane: each comes back once, with its value.
     run_world("""
-        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], lanes_per_device=1, policy="heft")
         torch.manual_seed(4)
         xs = [torch.randn(96, 96) for _ in range(6)]
         ms = [x.to("mgpu") for x in xs]
@@ -398,7 +398,7 @@ def test_the_chrome_trace_shows_remote_nodes_and_bytes_between_ranks():
     # spans with their byte counts.
     run_world("""
         import json, tempfile
-        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], policy="heft")
+        torch_mgpu.configure(devices=["cpu", "rank1:cpu"], lanes_per_device=1, policy="heft")
         torch.manual_seed(5)
         xs = [torch.randn(400, 400) for _ in range(4)]
         ms = [x.to("mgpu") for x in xs]

@@ -7,7 +7,7 @@ import threading
 import torch
 
 import torch_mgpu
-from conftest import assert_same, restore_lanes
+from conftest import assert_same, restore_lanes, same_values
 
 
 def test_streams_have_their_own_ids_and_a_current_stream_per_thread():
@@ -112,11 +112,11 @@ def _two_runs():
     r2 = run(x2)
     torch.mgpu.synchronize()
     plan = torch_mgpu.last_plan()
-    assert plan.lanes_used == 2
+    assert plan.lanes_used >= 2  # both, of 2 CPU lanes; of a GPU's 4 streams, more
     lane_of = {e["lane"] for e in plan.timeline()}
-    assert len(lane_of) == 2
+    assert len(lane_of) == plan.lanes_used
     x1c, x2c = x1.cpu(), x2.cpu()
     for r in r1:
-        assert torch.equal(r.cpu(), x1c.mm(x1c))
+        assert same_values(r.cpu(), x1c.mm(x1c))
     for r in r2:
-        assert torch.equal(r.cpu(), x2c.mm(x2c))
+        assert same_values(r.cpu(), x2c.mm(x2c))
