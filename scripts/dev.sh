@@ -179,21 +179,40 @@ cuda_compile() {
 # over one GPU, cross-device copies, errors on a stream, random graphs,
 # autograd, the seeds' workloads), the device-interface tests and lanes on
 # other ranks (a worker process on the same GPU: "rank1:cuda:0"), then the GPU
-# benchmarks, which write benchmarks/RESULTS-gpu.md. TORCH_MGPU_GPU_PYTHON
-# picks another interpreter.
+# benchmarks, which write benchmarks/RESULTS-gpu.md. Each test file runs in a
+# process of its own (a crash ends that file only), with a native stack
+# printed on a fatal signal (scripts/native_backtrace.c); logs go to
+# build-gpu/logs. TORCH_MGPU_GPU_PYTHON picks another interpreter.
+GPU_TESTS="test_physical_devices test_parallel test_streams test_events test_memory test_accelerator test_faults
+  test_autograd test_stream_sanitizer test_gpu_model test_remote test_lazy"
 gpu() {
-  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0
+  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f rc logs="$ROOT/build-gpu/logs"
   export TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONUNBUFFERED=1
   "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
     { echo "gpu: $py's torch sees no CUDA device"; exit 1; }
   "$py" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}): {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")'
   nvidia-smi -L 2>/dev/null || true
+  echo "compiler: $(c++ --version | head -1)"
   cuda_build "$py" build-gpu "$ROOT/torch_mgpu"
+  # libstdc++'s own code linked into the library (rather than taken from
+  # libstdc++.so) would be a second copy of iostreams and locales.
+  echo "libstdc++ definitions inside libtorch_mgpu.so: $(nm -DC --defined-only "$ROOT/torch_mgpu/libtorch_mgpu.so" |
+    grep -c -E 'std::(codecvt|locale|basic_ostream<char, std::char_traits<char> >::_M_insert)' || true)"
+  mkdir -p "$logs"
+  cc -shared -fPIC -O1 -o "$logs/native_backtrace.so" "$ROOT/scripts/native_backtrace.c"
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
-  "$py" -m pytest -q -p no:cacheprovider test/test_physical_devices.py test/test_parallel.py test/test_streams.py \
-    test/test_events.py test/test_memory.py test/test_accelerator.py test/test_faults.py test/test_autograd.py \
-    test/test_stream_sanitizer.py test/test_gpu_model.py test/test_remote.py || status=1
+  for f in $GPU_TESTS; do
+    LD_PRELOAD="$logs/native_backtrace.so" timeout 900 "$py" -m pytest -q -p no:cacheprovider -rfE "test/$f.py" \
+      > "$logs/$f.log" 2>&1
+    rc=$?
+    echo "$f: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/$f.log" | tail -1) (exit $rc)"
+    if [ $rc -ne 0 ]; then
+      status=1
+      grep -E '^(FAILED|ERROR) ' "$logs/$f.log" | head -20
+      grep -A24 '=== native stack' "$logs/$f.log" | c++filt | head -30
+    fi
+  done
   "$py" benchmarks/gpu.py "$@" || status=1
   return $status
 }
