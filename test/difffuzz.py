@@ -27,6 +27,7 @@ defined, transitively) to a small one that still shows a mismatch of the
 same signature, and printed as a runnable snippet.
 
     python test/difffuzz.py --programs 200 --seed 0
+    python test/difffuzz.py --programs 200 --seed 2000000  # with torch.nn.functional (NN_SEEDS)
     python test/difffuzz.py --seconds 600
     python test/difffuzz.py --seed 17 --show        # print a program
 
@@ -77,6 +78,11 @@ VAR = re.compile(r"[vhs]\d+$")
 SMALL = 4096
 # A statement that makes a value larger than this is dropped.
 LARGEST = 1 << 20
+
+# Programs of seeds from here up also call torch.nn.functional (norms,
+# convolutions, pools, attention, losses); smaller seeds generate what they
+# did before those were added, so that programs found then stay reproducible.
+NN_SEEDS = 2_000_000
 
 # A statement that raised on CPU without being meant to is kept with this
 # probability (its outcome, the exception class, is compared like any other).
@@ -314,6 +320,8 @@ class Gen:
             (self.g_grad_read, 0.5), (self.g_grad_update, 0.3), (self.g_sync, 1.0),
             (self.g_default_dtype, 0.15), (self.g_error, 0.6),
         ]
+        if seed >= NN_SEEDS:
+            self.generators.append((self.g_nn, 1.5))
 
     # -- plumbing
 
@@ -1103,6 +1111,91 @@ class Gen:
                         (f"{a}.t().contiguous()", "t_contiguous")]
         src, op = r.choice(options)
         self.emit(f"{self.fresh()} = {src}", "misc." + op)
+
+    # -- torch.nn.functional
+
+    def rand_expr(self, shape, dtype, positive=False):
+        """A seeded random tensor on the program's device (the same values
+        on both sides)."""
+        gen = f"generator=torch.Generator().manual_seed({self.rng.randrange(1000)})"
+        src = f"torch.{'rand' if positive else 'randn'}({lit(tuple(shape))}, dtype={dtype}, {gen}).to(dev)"
+        return f"({src} + 0.5)" if positive else src
+
+    def g_nn(self):
+        r = self.rng
+        a = self.pick(lambda x: x.dtype in FLOAT_DTYPES and x.dim() >= 1, large=True)
+        if a is None or r.random() < 0.4:
+            # Batches of channels: (N, C, L) or (N, C, H, W).
+            shape = (r.randint(1, 3), r.randint(1, 4)) + tuple(r.randint(2, 6) for _ in range(r.randint(1, 2)))
+            a = self.g_input(shape=shape, dtype=r.choice(FLOAT_DTYPES), grad=r.random() < 0.2)
+            if a is None:
+                return
+        va = self.val(a)
+        e = self.operand(a, 0.3)
+        ve = self.peek(e)
+        if not isinstance(ve, torch.Tensor) or ve.dtype not in FLOAT_DTYPES:
+            return
+        nd, shape, dt = ve.dim(), tuple(ve.shape), ve.dtype
+        F = "torch.nn.functional"
+        features = r.randint(1, 5)
+        options = [
+            (f"{F}.gelu({e})", "gelu"), (f"{F}.gelu({e}, approximate='tanh')", "gelu"), (f"{F}.silu({e})", "silu"),
+            (f"{F}.elu({e}, alpha=0.7)", "elu"), (f"{F}.leaky_relu({e}, 0.2)", "leaky_relu"),
+            (f"{F}.hardtanh({e}, -0.5, 0.5)", "hardtanh"), (f"{F}.softplus({e}, beta=2.0)", "softplus"),
+            (f"{F}.mish({e})", "mish"), (f"{F}.hardswish({e})", "hardswish"), (f"{F}.logsigmoid({e})", "logsigmoid"),
+            (f"{F}.normalize({e}, dim={r.randrange(nd)})", "normalize"),
+            (f"{F}.layer_norm({e}, {lit(shape[-1:])})", "layer_norm"),
+            (f"{F}.layer_norm({e}, {lit(shape[-1:])}, {self.rand_expr(shape[-1:], dt)}, "
+             f"{self.rand_expr(shape[-1:], dt)})", "layer_norm"),
+            (f"{F}.linear({e}, {self.rand_expr((features, shape[-1]), dt)}, "
+             f"{self.rand_expr((features,), dt) if r.random() < 0.6 else 'None'})", "linear"),
+            (f"{F}.pad({e}, {lit((r.randint(0, 2), r.randint(0, 2)))}, value={self.scalar('float')})", "pad"),
+            (f"{F}.dropout({e}, 0.3, training=False)", "dropout_eval"),
+        ]
+        special = []  # ops over channels and windows: chosen more often where the shape allows
+        if nd >= 2 and shape[0] * math.prod(shape[2:]) > 1:
+            c = shape[1]
+            training = r.random() < 0.7
+            rm, rv, out = self.fresh(), self.fresh(), self.fresh()
+            stats = (f"{rm} = {self.rand_expr((c,), dt)}; {rv} = {self.rand_expr((c,), dt, positive=True)}; ")
+            wb = (f", {self.rand_expr((c,), dt)}, {self.rand_expr((c,), dt)}" if r.random() < 0.5 else "")
+            special.append((stats + f"{out} = {F}.batch_norm({e}, {rm}, {rv}{wb}, training={training}, "
+                            f"momentum={r.choice([0.1, 0.5])})", "batch_norm"))
+            special.append((f"{F}.batch_norm({e}, None, None, training=True)", "batch_norm"))
+            groups = [g for g in (1, 2, 3) if c % g == 0]
+            special.append((f"{F}.group_norm({e}, {r.choice(groups)})", "group_norm"))
+        if nd in (3, 4) and math.prod(shape[2:]) > 1:
+            special.append((f"{F}.instance_norm({e})", "instance_norm"))
+        if nd == 3 and shape[2] >= 2:
+            n, c, length = shape
+            k = r.randint(1, min(3, length))
+            special.append((f"{F}.conv1d({e}, {self.rand_expr((r.randint(1, 4), c, k), dt)}, "
+                            f"stride={r.randint(1, 2)}, padding={r.randint(0, 1)})", "conv1d"))
+            special.append((f"{F}.max_pool1d({e}, {k})", "max_pool1d"))
+            special.append((f"{F}.avg_pool1d({e}, {k})", "avg_pool1d"))
+            special.append((f"{F}.interpolate({e}, scale_factor=2, mode={r.choice(['nearest', 'linear'])!r})",
+                            "interpolate"))
+            special.append((f"{F}.scaled_dot_product_attention({e}, {e} * 0.5, {e}, "
+                            f"is_causal={r.random() < 0.5})", "sdpa"))
+        if nd == 4 and min(shape[2:]) >= 2:
+            c = shape[1]
+            special.append((f"{F}.conv2d({e}, {self.rand_expr((r.randint(1, 3), c, 2, 2), dt)}, "
+                            f"padding={r.randint(0, 1)})", "conv2d"))
+            special.append((f"{F}.max_pool2d({e}, 2)", "max_pool2d"))
+            special.append((f"{F}.adaptive_avg_pool2d({e}, 1)", "adaptive_avg_pool2d"))
+            special.append((f"{F}.interpolate({e}, scale_factor=2, mode='bilinear')", "interpolate"))
+        if nd == 2 and shape[0] >= 1 and shape[1] >= 1:
+            n, c = shape
+            target = f"torch.tensor({lit([r.randrange(c) for _ in range(n)])}, device=dev)"
+            special.append((f"{F}.cross_entropy({e}, {target})", "cross_entropy"))
+            special.append((f"{F}.cross_entropy({e}, {target}, label_smoothing=0.1, reduction='sum')",
+                            "cross_entropy"))
+            special.append((f"{F}.mse_loss({e}, {e}.flip(0))", "mse_loss"))
+        src, op = r.choice(special if special and r.random() < 0.65 else options)
+        if "; " in src:
+            self.emit(src, "nn." + op)
+        else:
+            self.emit(f"{self.fresh()} = {src}", "nn." + op)
 
     # -- autograd
 
@@ -2130,7 +2223,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Differential fuzzing of mgpu against eager CPU.")
     p.add_argument("--seconds", type=float, help="run for this long (the last 15%% shrinking what was found)")
     p.add_argument("--programs", type=int, help="number of programs (seeds SEED, SEED+1, ...)")
-    p.add_argument("--seed", type=int, help="first seed (default: 0 with --programs, else from the clock)")
+    p.add_argument("--seed", type=int, help="first seed (default: 0 with --programs, else from the clock, "
+                   "past NN_SEEDS)")
     p.add_argument("--max-stmts", type=int, default=24, help="longest program (default 24)")
     p.add_argument("--configs", help="comma-separated indices into CONFIGS (default: all): " +
                    "; ".join(f"{i}: {c.name}" for i, c in enumerate(CONFIGS)))
@@ -2150,7 +2244,7 @@ def main(argv=None):
         p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.seed is None:
-        args.seed = 0 if args.seconds is None else int(time.time()) % 1_000_000
+        args.seed = 0 if args.seconds is None else NN_SEEDS + int(time.time()) % 1_000_000
     if args.seconds is None and args.programs is None:
         args.programs = 1 if args.show else 100
     configs = CONFIGS if not args.configs else tuple(CONFIGS[int(i)] for i in args.configs.split(","))

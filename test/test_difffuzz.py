@@ -23,6 +23,15 @@ def test_fixed_seeds_match_eager():
     assert report.ok, "\n" + report.summary()
 
 
+def test_fixed_seeds_with_nn_functional_statements_match_eager():
+    # Batch norm's running statistics written in place, convolutions, pools,
+    # attention: a forward whose output is dropped must still update them.
+    seeds = range(difffuzz.NN_SEEDS, difffuzz.NN_SEEDS + 200)
+    assert any(st.tag.startswith("nn.") for s in seeds[:20] for st in difffuzz.generate(s).stmts)
+    report = difffuzz.fuzz(seeds, minimize_budget_s=5, minimize_total_s=10)
+    assert report.ok, "\n" + report.summary()
+
+
 def test_programs_are_deterministic():
     assert difffuzz.generate(3).source() == difffuzz.generate(3).source()
     assert difffuzz.generate(3).source() != difffuzz.generate(4).source()

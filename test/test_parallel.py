@@ -414,6 +414,8 @@ def test_a_one_lane_plan_is_planned_with_the_syncing_threads_threads():
         assert predicted[1] > 1.5 * predicted[2], predicted
         print("OK")
     """)
+    # The model's own figures (not rates measured while other processes load
+    # the machine): the prediction follows the threads alone.
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+                       env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", TORCH_MGPU_NO_CALIBRATION="1"))
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
