@@ -208,6 +208,15 @@ def test_batch_norm_updates_its_running_statistics_when_its_output_is_dropped():
     torch.nn.functional.batch_norm(x, rm_ref, rv_ref, training=True, momentum=0.3)
     assert_same(rm, rm_ref)
     assert_same(rv, rv_ref)
+    # The out= form.
+    outs = [torch.empty(32, 6), torch.empty(6), torch.empty(6)]
+    outs_m = [t.to("mgpu") for t in outs]
+    torch.ops.aten.native_batch_norm.out(x, None, None, rm_ref, rv_ref, True, 0.5, 1e-5, out=outs[0],
+                                         save_mean=outs[1], save_invstd=outs[2])
+    torch.ops.aten.native_batch_norm.out(x.to("mgpu"), None, None, rm, rv, True, 0.5, 1e-5, out=outs_m[0],
+                                         save_mean=outs_m[1], save_invstd=outs_m[2])
+    for got, want in zip([rm, rv] + outs_m, [rm_ref, rv_ref] + outs):
+        assert_same(got, want)
     mg.eval()
     ref.eval()
     assert_same(mg(x.to("mgpu")), ref(x))
