@@ -103,3 +103,24 @@ def test_grad_accumulates():
     for _ in range(3):
         (w * 2).sum().backward()
     assert torch.equal(w.grad.cpu(), torch.full((4,), 6.0))
+
+
+@pytest.mark.parametrize("norm", ["batch_norm", "batch_norm_eval", "conv_batch_norm"])
+def test_gradients_of_a_first_layer_whose_input_needs_none(norm):
+    # The backward kernels return no input gradient then (output_mask), where
+    # the recorded op's Meta kernel gave one: the parameters' gradients come
+    # out as eager's.
+    torch.manual_seed(3)
+    if norm == "conv_batch_norm":
+        ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        x = torch.randn(2, 3, 6, 6)
+    else:
+        ref = torch.nn.Sequential(torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2))
+        x = torch.randn(8, 5) * 2 + 1
+    if norm == "batch_norm_eval":
+        ref.eval()
+    mg = copy.deepcopy(ref).to("mgpu")
+    ref(x).square().sum().backward()
+    mg(x.to("mgpu")).square().sum().backward()
+    for p_ref, p_mg in zip(ref.parameters(), mg.parameters()):
+        torch.testing.assert_close(p_mg.grad.cpu(), p_ref.grad, rtol=1e-5, atol=1e-6)

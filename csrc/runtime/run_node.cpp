@@ -228,6 +228,15 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     }
     TORCH_INTERNAL_ASSERT(o.returned >= 0 && o.returned < static_cast<int>(returned.size()));
     const at::Tensor& r = returned[o.returned];
+    if (!r.defined()) {
+      // No tensor where Meta's kernel returned one (native_batch_norm_backward
+      // leaves out the input's gradient when the input needs none): zeros
+      // of the recorded geometry, a value nothing reads.
+      c10::Storage fresh = allocate(o.nbytes, place.device);
+      zero(fresh);
+      out.push_back(fresh);
+      continue;
+    }
     bool aliases = false;
     for (const auto& s : operands)
       if (s.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) aliases = true;
