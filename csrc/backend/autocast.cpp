@@ -210,7 +210,7 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       *it = cast(it->toTensor());
     } else if (it->isTensorList()) {
       c10::List<at::Tensor> out;
-      for (const at::Tensor t : it->toTensorList()) out.push_back(cast(t));
+      for (at::Tensor t : it->toTensorList()) out.push_back(cast(t));
       *it = std::move(out);
     } else if (it->isList() && it->toList().elementType()->kind() == c10::TypeKind::OptionalType) {  // Tensor?[]
       c10::List<std::optional<at::Tensor>> out;

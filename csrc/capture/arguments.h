@@ -14,7 +14,7 @@ void for_each_tensor(const c10::IValue& v, F&& fn) {
   if (v.isTensor()) {
     if (v.toTensor().defined()) fn(v.toTensor());
   } else if (v.isTensorList()) {
-    for (const at::Tensor t : v.toTensorList())  // by value: the list yields proxies
+    for (at::Tensor t : v.toTensorList())  // by value: the list yields proxies
       if (t.defined()) fn(t);
   } else if (v.isOptionalTensorList()) {
     for (const auto& e : v.toOptionalTensorList()) {
@@ -29,7 +29,7 @@ c10::IValue map_tensors(const c10::IValue& v, F&& fn) {
   if (v.isTensor()) return v.toTensor().defined() ? c10::IValue(fn(v.toTensor())) : v;
   if (v.isTensorList()) {
     c10::List<at::Tensor> l;
-    for (const at::Tensor t : v.toTensorList()) l.push_back(t.defined() ? fn(t) : t);
+    for (at::Tensor t : v.toTensorList()) l.push_back(t.defined() ? fn(t) : t);
     return l;
   }
   if (v.isOptionalTensorList()) {

@@ -1220,23 +1220,11 @@ void ExecResult::drop_values() {
 }
 
 namespace {
-// Whether a node may reach one of the factorizations whose CUDA kernels
-// PyTorch loads on first use (libtorch_cuda_linalg).
-bool may_load_cuda_linalg(std::string_view name) {
-  if (name.rfind("aten::", 0) != 0) return false;
-  name.remove_prefix(6);
-  while (!name.empty() && name.front() == '_') name.remove_prefix(1);
-  for (std::string_view p : {"linalg_", "cholesky", "lu", "triangular_solve", "orgqr", "ormqr", "geqrf", "svd", "eig",
-                             "inverse", "lstsq", "det", "logdet", "slogdet", "ldl", "pinverse", "qr", "solve",
-                             "householder", "symeig", "matrix_exp"})
-    if (name.rfind(p, 0) == 0) return true;
-  return false;
-}
-
 // PyTorch loads its CUDA linear algebra kernels on the first call of a
 // factorization, and that first call fails when two threads make it at
-// once ("lazy wrapper should be called at most once"): where lanes of a
-// run would, one call made here, once per process, loads them first.
+// once ("lazy wrapper should be called at most once"): lanes of a run, or a
+// background flight beside the program's own thread. Before a run on CUDA
+// lanes that may make it, one call made here, once per process, loads them.
 void load_cuda_linalg_before(const ir::Graph& g, const std::vector<Place>& places) {
   static std::once_flag loaded;
   static std::atomic<bool> done{false};
@@ -1261,6 +1249,22 @@ void load_cuda_linalg_before(const ir::Graph& g, const std::vector<Place>& place
 }
 } // namespace
 
+// aten ops by name; any op of another namespace may (compiled partitions,
+// custom ops call them inside).
+bool may_load_cuda_linalg(std::string_view name) {
+  if (name.rfind("aten::", 0) != 0) return name.find("::") != std::string_view::npos;
+  name.remove_prefix(6);
+  while (!name.empty() && name.front() == '_') name.remove_prefix(1);
+  if (name.rfind("linalg_", 0) == 0) return true;
+  // Whole words: "det" and "det_..." but not "detach".
+  for (std::string_view p : {"cholesky", "lu", "triangular_solve", "orgqr", "ormqr", "geqrf", "svd", "eig", "inverse",
+                             "lstsq", "det", "logdet", "slogdet", "ldl", "pinverse", "qr", "solve", "householder",
+                             "symeig", "matrix_exp"})
+    if (name.rfind(p, 0) == 0 && (name.size() == p.size() || name[p.size()] == '_' || name[p.size()] == '.'))
+      return true;
+  return false;
+}
+
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
   ExecResult res;
   const size_t n = g.size();
@@ -1269,6 +1273,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
   res.timing.resize(n);
   const auto t0 = std::chrono::steady_clock::now();
   try {
+    load_cuda_linalg_before(g, places);
     Run run(g, p, places, res);
     res.started = run.t0;
     std::vector<int> busy;
@@ -1298,7 +1303,6 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
         }
       }
     } else {
-      load_cuda_linalg_before(g, places);
       run.parallel = true;
       at::ThreadLocalState tls;  // grad mode, profiler, ... follow the work onto the lanes
       std::vector<std::function<void()>> jobs;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -57,5 +58,10 @@ struct ExecResult {
 
 // Runs plan `p` with `places[l]` the place of lane l (see place.h).
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places);
+
+// Whether a node of this name may reach a factorization whose CUDA kernels
+// PyTorch loads on first use (execute() loads them once beforehand on CUDA
+// lanes: two threads loading them at once fail).
+bool may_load_cuda_linalg(std::string_view name);
 
 } // namespace torch_mgpu::runtime

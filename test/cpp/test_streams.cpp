@@ -393,3 +393,15 @@ TEST(StreamLanes, AFailedTransferFailsItsNode) { expect_contained_failure("trans
 TEST(StreamLanes, AFailedStreamSynchronizeIsTheRunsError) { expect_contained_failure("stream_sync", false, false); }
 
 } // namespace
+
+TEST(StreamLanes, FactorizationsThatLoadCudaKernelsAreKnownByName) {
+  using torch_mgpu::runtime::may_load_cuda_linalg;
+  for (const char* name : {"aten::linalg_solve", "aten::_linalg_solve_ex", "aten::_linalg_svd", "aten::det",
+                           "aten::linalg_eigh", "aten::cholesky_solve", "aten::_cholesky_solve_helper",
+                           "aten::lu_solve", "aten::triangular_solve", "aten::geqrf", "aten::ormqr",
+                           "aten::linalg_lstsq.grad", "torch_mgpu::partition", "mylib::custom"})
+    EXPECT_TRUE(may_load_cuda_linalg(name)) << name;
+  for (const char* name : {"aten::add.Tensor", "aten::relu", "aten::detach", "aten::mm", "aten::lerp.Scalar",
+                           "aten::solver_x", "data"})
+    EXPECT_FALSE(may_load_cuda_linalg(name)) << name;
+}
