@@ -31,6 +31,7 @@ std::map<std::string, int64_t> stats() {
       {"plan_cache_hits", c.plan_cache_hits.load()},
       {"plans_measured_slower", c.plans_measured_slower.load()},
       {"eager_fallbacks", c.eager_fallbacks.load()},
+      {"host_nodes", c.host_nodes.load()},
       {"bytes_transferred", c.bytes_transferred.load()},
       {"syncs", c.syncs.load()},
       {"meta_cache_hits", c.meta_cache_hits.load()},

@@ -162,3 +162,23 @@ def test_memory_statistics_count_copies_on_other_devices(kind):
     assert torch.accelerator.memory_allocated() - before == results + copy
     for k, out in enumerate(outs, start=1):
         close(kind, out.cpu(), torch.tanh(x * float(k)) @ x)
+
+
+def test_attention_with_and_without_gradients(kind):
+    # For mgpu tensors SDPA picks the CPU's fused kernel (and its backward),
+    # which CUDA lacks: on CUDA lanes those nodes run on the host, counted.
+    torch_mgpu.configure(devices=devices_of(kind), lanes_per_device=2)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 8, 16, generator=g) for _ in range(3))
+    qm, km, vm = (t.to("mgpu").requires_grad_() for t in (q, k, v))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    host_before = torch_mgpu.stats()["host_nodes"]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out_m = torch.nn.functional.scaled_dot_product_attention(qm, km, vm, is_causal=True)
+    out.square().sum().backward()
+    out_m.square().sum().backward()
+    close(kind, out_m.detach().cpu(), out.detach())
+    for a, b in ((qm, q), (km, k), (vm, v)):
+        close(kind, a.grad.cpu(), b.grad)
+    host = torch_mgpu.stats()["host_nodes"] - host_before
+    assert host == 0 if kind == "cpu" else host >= 2, host

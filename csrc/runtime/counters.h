@@ -17,6 +17,8 @@ struct Counters {
   // (engine/plan_cache.cpp learn): their graphs run on one lane.
   alignas(64) std::atomic<int64_t> plans_measured_slower{0};
   alignas(64) std::atomic<int64_t> eager_fallbacks{0};
+  // Nodes of CUDA lanes whose op has no CUDA kernel, run on the host.
+  alignas(64) std::atomic<int64_t> host_nodes{0};
   alignas(64) std::atomic<int64_t> bytes_transferred{0};
   alignas(64) std::atomic<int64_t> syncs{0};
   alignas(64) std::atomic<int64_t> meta_cache_hits{0};

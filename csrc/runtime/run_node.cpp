@@ -3,6 +3,7 @@
 // recorded.
 #include "runtime/run_node.h"
 #include "ir/call_state.h"
+#include "runtime/counters.h"
 #include "runtime/observer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -80,6 +81,7 @@ bool runs_on(const ir::Node& n, const Place& place) {
 // copied back to the lane's device.
 std::vector<c10::Storage> run_on_host(const ir::Node& n, const std::vector<c10::Storage>& operands,
                                       const Place& place) {
+  counters().host_nodes++;
   std::vector<c10::Storage> host;
   host.reserve(operands.size());
   for (const auto& s : operands) host.push_back(copy_to(s, c10::Device(c10::kCPU), /*wait=*/true));
