@@ -141,10 +141,16 @@ def _base_name(node):
     return node.id if isinstance(node, ast.Name) and VAR.match(node.id) else None
 
 
+# Functions that write some of their arguments in place without a trailing
+# underscore: positions and keywords of those arguments.
+WRITES_ARGUMENTS = {"batch_norm": ((1, 2), ("running_mean", "running_var")),
+                    "instance_norm": ((1, 2), ("running_mean", "running_var"))}
+
+
 def _written(tree):
     """Names whose tensors a statement may write in place: targets of
-    `x[...] = `, `x.attr = ` and `x += `, receivers of `x.op_(...)` and
-    tensors passed as out=."""
+    `x[...] = `, `x.attr = ` and `x += `, receivers of `x.op_(...)`, tensors
+    passed as out= and batch norm's running statistics."""
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign)):
@@ -155,6 +161,11 @@ def _written(tree):
             f = node.func
             if isinstance(f, ast.Attribute) and f.attr.endswith("_") and not f.attr.endswith("__"):
                 out.add(_base_name(f.value))
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in WRITES_ARGUMENTS:
+                positions, keywords = WRITES_ARGUMENTS[name]
+                out.update(_base_name(node.args[k]) for k in positions if k < len(node.args))
+                out.update(_base_name(kw.value) for kw in node.keywords if kw.arg in keywords)
     out |= _out_names(tree)
     out.discard(None)
     return out
@@ -1121,6 +1132,16 @@ class Gen:
         src = f"torch.{'rand' if positive else 'randn'}({lit(tuple(shape))}, dtype={dtype}, {gen}).to(dev)"
         return f"({src} + 0.5)" if positive else src
 
+    def param(self, shape, dtype):
+        """A weight: sometimes a named leaf that requires grad (a parameter
+        whose gradient backward computes while the input may need none),
+        else a random tensor written in the statement."""
+        if self.rng.random() < 0.35:
+            name = self.g_input(shape=shape, dtype=dtype, grad=True)
+            if name is not None:
+                return name
+        return self.rand_expr(shape, dtype)
+
     def g_nn(self):
         r = self.rng
         a = self.pick(lambda x: x.dtype in FLOAT_DTYPES and x.dim() >= 1, large=True)
@@ -1130,72 +1151,73 @@ class Gen:
             a = self.g_input(shape=shape, dtype=r.choice(FLOAT_DTYPES), grad=r.random() < 0.2)
             if a is None:
                 return
-        va = self.val(a)
         e = self.operand(a, 0.3)
         ve = self.peek(e)
         if not isinstance(ve, torch.Tensor) or ve.dtype not in FLOAT_DTYPES:
             return
         nd, shape, dt = ve.dim(), tuple(ve.shape), ve.dtype
+        c = shape[1] if nd >= 2 else shape[0]
         F = "torch.nn.functional"
         features = r.randint(1, 5)
+        # (source, tag); a source is a function, called for the chosen one
+        # only (weights it names are made then).
         options = [
-            (f"{F}.gelu({e})", "gelu"), (f"{F}.gelu({e}, approximate='tanh')", "gelu"), (f"{F}.silu({e})", "silu"),
-            (f"{F}.elu({e}, alpha=0.7)", "elu"), (f"{F}.leaky_relu({e}, 0.2)", "leaky_relu"),
-            (f"{F}.hardtanh({e}, -0.5, 0.5)", "hardtanh"), (f"{F}.softplus({e}, beta=2.0)", "softplus"),
-            (f"{F}.mish({e})", "mish"), (f"{F}.hardswish({e})", "hardswish"), (f"{F}.logsigmoid({e})", "logsigmoid"),
-            (f"{F}.normalize({e}, dim={r.randrange(nd)})", "normalize"),
-            (f"{F}.layer_norm({e}, {lit(shape[-1:])})", "layer_norm"),
-            (f"{F}.layer_norm({e}, {lit(shape[-1:])}, {self.rand_expr(shape[-1:], dt)}, "
-             f"{self.rand_expr(shape[-1:], dt)})", "layer_norm"),
-            (f"{F}.linear({e}, {self.rand_expr((features, shape[-1]), dt)}, "
-             f"{self.rand_expr((features,), dt) if r.random() < 0.6 else 'None'})", "linear"),
-            (f"{F}.pad({e}, {lit((r.randint(0, 2), r.randint(0, 2)))}, value={self.scalar('float')})", "pad"),
-            (f"{F}.dropout({e}, 0.3, training=False)", "dropout_eval"),
+            (lambda: f"{F}.gelu({e})", "gelu"), (lambda: f"{F}.gelu({e}, approximate='tanh')", "gelu"),
+            (lambda: f"{F}.silu({e})", "silu"), (lambda: f"{F}.elu({e}, alpha=0.7)", "elu"),
+            (lambda: f"{F}.leaky_relu({e}, 0.2)", "leaky_relu"), (lambda: f"{F}.hardtanh({e}, -0.5, 0.5)", "hardtanh"),
+            (lambda: f"{F}.softplus({e}, beta=2.0)", "softplus"), (lambda: f"{F}.mish({e})", "mish"),
+            (lambda: f"{F}.hardswish({e})", "hardswish"), (lambda: f"{F}.logsigmoid({e})", "logsigmoid"),
+            (lambda: f"{F}.normalize({e}, dim={r.randrange(nd)})", "normalize"),
+            (lambda: f"{F}.layer_norm({e}, {lit(shape[-1:])})", "layer_norm"),
+            (lambda: f"{F}.layer_norm({e}, {lit(shape[-1:])}, {self.param(shape[-1:], dt)}, "
+                     f"{self.param(shape[-1:], dt)})", "layer_norm"),
+            (lambda: f"{F}.linear({e}, {self.param((features, shape[-1]), dt)}, "
+                     f"{self.param((features,), dt) if r.random() < 0.6 else 'None'})", "linear"),
+            (lambda: f"{F}.pad({e}, {lit((r.randint(0, 2), r.randint(0, 2)))}, value={self.scalar('float')})", "pad"),
+            (lambda: f"{F}.dropout({e}, 0.3, training=False)", "dropout_eval"),
         ]
         special = []  # ops over channels and windows: chosen more often where the shape allows
+
+        def batch_norm():
+            rm, rv = self.fresh(), self.fresh()
+            wb = f", {self.param((c,), dt)}, {self.param((c,), dt)}" if r.random() < 0.5 else ""
+            return (f"{rm} = {self.rand_expr((c,), dt)}; {rv} = {self.rand_expr((c,), dt, positive=True)}; "
+                    f"{self.fresh()} = {F}.batch_norm({e}, {rm}, {rv}{wb}, training={r.random() < 0.7}, "
+                    f"momentum={r.choice([0.1, 0.5])})")
+
         if nd >= 2 and shape[0] * math.prod(shape[2:]) > 1:
-            c = shape[1]
-            training = r.random() < 0.7
-            rm, rv, out = self.fresh(), self.fresh(), self.fresh()
-            stats = (f"{rm} = {self.rand_expr((c,), dt)}; {rv} = {self.rand_expr((c,), dt, positive=True)}; ")
-            wb = (f", {self.rand_expr((c,), dt)}, {self.rand_expr((c,), dt)}" if r.random() < 0.5 else "")
-            special.append((stats + f"{out} = {F}.batch_norm({e}, {rm}, {rv}{wb}, training={training}, "
-                            f"momentum={r.choice([0.1, 0.5])})", "batch_norm"))
-            special.append((f"{F}.batch_norm({e}, None, None, training=True)", "batch_norm"))
             groups = [g for g in (1, 2, 3) if c % g == 0]
-            special.append((f"{F}.group_norm({e}, {r.choice(groups)})", "group_norm"))
+            special += [(batch_norm, "batch_norm"),
+                        (lambda: f"{F}.batch_norm({e}, None, None, training=True)", "batch_norm"),
+                        (lambda: f"{F}.group_norm({e}, {r.choice(groups)})", "group_norm")]
         if nd in (3, 4) and math.prod(shape[2:]) > 1:
-            special.append((f"{F}.instance_norm({e})", "instance_norm"))
+            special.append((lambda: f"{F}.instance_norm({e})", "instance_norm"))
         if nd == 3 and shape[2] >= 2:
-            n, c, length = shape
-            k = r.randint(1, min(3, length))
-            special.append((f"{F}.conv1d({e}, {self.rand_expr((r.randint(1, 4), c, k), dt)}, "
-                            f"stride={r.randint(1, 2)}, padding={r.randint(0, 1)})", "conv1d"))
-            special.append((f"{F}.max_pool1d({e}, {k})", "max_pool1d"))
-            special.append((f"{F}.avg_pool1d({e}, {k})", "avg_pool1d"))
-            special.append((f"{F}.interpolate({e}, scale_factor=2, mode={r.choice(['nearest', 'linear'])!r})",
-                            "interpolate"))
-            special.append((f"{F}.scaled_dot_product_attention({e}, {e} * 0.5, {e}, "
-                            f"is_causal={r.random() < 0.5})", "sdpa"))
+            k = r.randint(1, min(3, shape[2]))
+            special += [
+                (lambda: f"{F}.conv1d({e}, {self.param((r.randint(1, 4), c, k), dt)}, "
+                         f"stride={r.randint(1, 2)}, padding={r.randint(0, 1)})", "conv1d"),
+                (lambda: f"{F}.max_pool1d({e}, {k})", "max_pool1d"), (lambda: f"{F}.avg_pool1d({e}, {k})", "avg_pool1d"),
+                (lambda: f"{F}.interpolate({e}, scale_factor=2, mode={r.choice(['nearest', 'linear'])!r})",
+                 "interpolate"),
+                (lambda: f"{F}.scaled_dot_product_attention({e}, {e} * 0.5, {e}, is_causal={r.random() < 0.5})",
+                 "sdpa")]
         if nd == 4 and min(shape[2:]) >= 2:
-            c = shape[1]
-            special.append((f"{F}.conv2d({e}, {self.rand_expr((r.randint(1, 3), c, 2, 2), dt)}, "
-                            f"padding={r.randint(0, 1)})", "conv2d"))
-            special.append((f"{F}.max_pool2d({e}, 2)", "max_pool2d"))
-            special.append((f"{F}.adaptive_avg_pool2d({e}, 1)", "adaptive_avg_pool2d"))
-            special.append((f"{F}.interpolate({e}, scale_factor=2, mode='bilinear')", "interpolate"))
-        if nd == 2 and shape[0] >= 1 and shape[1] >= 1:
-            n, c = shape
-            target = f"torch.tensor({lit([r.randrange(c) for _ in range(n)])}, device=dev)"
-            special.append((f"{F}.cross_entropy({e}, {target})", "cross_entropy"))
-            special.append((f"{F}.cross_entropy({e}, {target}, label_smoothing=0.1, reduction='sum')",
-                            "cross_entropy"))
-            special.append((f"{F}.mse_loss({e}, {e}.flip(0))", "mse_loss"))
-        src, op = r.choice(special if special and r.random() < 0.65 else options)
-        if "; " in src:
-            self.emit(src, "nn." + op)
-        else:
-            self.emit(f"{self.fresh()} = {src}", "nn." + op)
+            special += [
+                (lambda: f"{F}.conv2d({e}, {self.param((r.randint(1, 3), c, 2, 2), dt)}, padding={r.randint(0, 1)})",
+                 "conv2d"),
+                (lambda: f"{F}.max_pool2d({e}, 2)", "max_pool2d"),
+                (lambda: f"{F}.adaptive_avg_pool2d({e}, 1)", "adaptive_avg_pool2d"),
+                (lambda: f"{F}.interpolate({e}, scale_factor=2, mode='bilinear')", "interpolate")]
+        if nd == 2 and min(shape) >= 1:
+            target = f"torch.tensor({lit([r.randrange(c) for _ in range(shape[0])])}, device=dev)"
+            special += [
+                (lambda: f"{F}.cross_entropy({e}, {target})", "cross_entropy"),
+                (lambda: f"{F}.cross_entropy({e}, {target}, label_smoothing=0.1, reduction='sum')", "cross_entropy"),
+                (lambda: f"{F}.mse_loss({e}, {e}.flip(0))", "mse_loss")]
+        make, op = r.choice(special if special and r.random() < 0.65 else options)
+        src = make()
+        self.emit(src if "; " in src else f"{self.fresh()} = {src}", "nn." + op)
 
     # -- autograd
 
@@ -1570,6 +1592,10 @@ def compare(prog, ref, got):
                 if prog.stmts[i].outs and b.outs_after == b.outs_before:
                     # Documented: a call that raises leaves its out= tensors
                     # as they were (eager may resize or write them first).
+                    documented.append(i)
+                elif tag == "nn.batch_norm":
+                    # Documented: and batch norm's running statistics (eager
+                    # updates them before it refuses a bias's dtype).
                     documented.append(i)
             elif ra and not rb and "ZeroTensors are immutable" in a.msg:
                 # Documented: autograd's zero tensors are plain zeros on mgpu,
