@@ -152,9 +152,13 @@ std::shared_ptr<const Lanes> current_lanes() {
 namespace {
 // A cost model measured once per process. Not a function-local static: fork()
 // while another thread measures (a background flight's first plan, say) would
-// leave the static's guard taken forever in the child. Here a child whose
-// parent was mid-measurement takes the default model: measuring again would
-// run parallel ATen ops, and PyTorch's OpenMP pool does not survive fork().
+// leave the static's guard taken forever in the child. fork() waits for a
+// measurement in progress (`measuring_`, taken by the prepare handler): its
+// parallel ATen and BLAS calls may hold locks of those libraries, which the
+// child would inherit held (a child hung in its first product, rarely, in
+// CI). A child whose parent was about to measure takes the default model:
+// measuring again would run parallel ATen ops, and PyTorch's OpenMP pool
+// does not survive fork().
 class MeasuredOnce {
 public:
   template <typename Measure>
@@ -166,6 +170,7 @@ public:
     lock.unlock();
     plan::CostModel measured;
     try {
+      std::lock_guard<std::mutex> hold(measuring_);
       measured = measure();
     } catch (...) {
       lock.lock();
@@ -180,7 +185,10 @@ public:
     return model_;
   }
 
+  void before_fork() { measuring_.lock(); }
+  void after_fork_in_parent() { measuring_.unlock(); }
   void after_fork_in_child() {
+    new (&measuring_) std::mutex();  // locked by the prepare handler
     new (&m_) std::mutex();  // the parent's may have been held by a thread the child lacks
     new (&cv_) std::condition_variable();
     if (state_ == State::Measuring) {
@@ -192,6 +200,7 @@ public:
 private:
   enum class State { None, Measuring, Done };
   std::mutex m_;
+  std::mutex measuring_;  // held while measure() runs
   std::condition_variable cv_;
   State state_ = State::None;
   plan::CostModel model_;
@@ -208,10 +217,19 @@ MeasuredOnce& device_model() {
 const bool g_models_atfork = [] {
   cpu_model();
   device_model();
-  pthread_atfork(nullptr, nullptr, [] {
-    cpu_model().after_fork_in_child();
-    device_model().after_fork_in_child();
-  });
+  pthread_atfork(
+      [] {
+        cpu_model().before_fork();
+        device_model().before_fork();
+      },
+      [] {
+        device_model().after_fork_in_parent();
+        cpu_model().after_fork_in_parent();
+      },
+      [] {
+        cpu_model().after_fork_in_child();
+        device_model().after_fork_in_child();
+      });
   return true;
 }();
 } // namespace
