@@ -31,12 +31,17 @@ def on_cuda_lanes():
     return torch_mgpu.lanes()[0].startswith("cuda")
 
 
+# How close a result of CUDA lanes is to eager CPU's (a GPU's kernels round
+# differently); CPU lanes are bitwise equal.
+CUDA_LANES_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+
+
 def same_values(got, want):
     """Bitwise equal on CPU lanes, whose kernels are eager CPU's; close on
-    CUDA lanes (a GPU's kernels round differently)."""
+    CUDA lanes."""
     if not on_cuda_lanes():
         return torch.equal(got, want)
-    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    return torch.allclose(got, want, **CUDA_LANES_TOLERANCE)
 
 
 @pytest.fixture
@@ -69,7 +74,7 @@ def assert_same(mgpu_tensor, cpu_tensor, exact=True):
     if exact and not on_cuda_lanes():
         assert torch.equal(got, cpu_tensor), (got, cpu_tensor)
     elif exact:
-        torch.testing.assert_close(got, cpu_tensor, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, cpu_tensor, **CUDA_LANES_TOLERANCE)
     else:
         torch.testing.assert_close(got, cpu_tensor)
 
