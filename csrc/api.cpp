@@ -36,6 +36,7 @@ std::map<std::string, int64_t> stats() {
       {"syncs", c.syncs.load()},
       {"meta_cache_hits", c.meta_cache_hits.load()},
       {"meta_cache_misses", c.meta_cache_misses.load()},
+      {"callers_without_gil", c.callers_without_gil.load()},
       {"execution_errors", c.execution_errors.load()},
       {"sync_graph_us", c.sync_graph_us.load()},
       {"sync_plan_us", c.sync_plan_us.load()},

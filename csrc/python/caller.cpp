@@ -1,13 +1,30 @@
 // The Python caller of a recorded op, for errors raised at a sync: the
 // innermost Python frame outside torch's and torch_mgpu's own files (a
 // user's line, not nn/functional.py), as an interned "file.py:12".
+//
+// Ops reach mgpu with the GIL released (torch's bindings drop it around a
+// call), and taking it back costs about as much as a tenth of recording the
+// op. On CPython 3.11 a call site met before is named without it: the
+// calling thread's own frames are read directly (only that thread changes
+// them, and it is here), and only cached answers are used, whose code
+// objects are held. Anything new, and other Python versions, take the GIL.
 #include "python/caller.h"
 
 #include "capture/caller.h"
 #include "ir/node.h"
+#include "runtime/counters.h"
 
 #include <Python.h>
 #include <frameobject.h>
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define TORCH_MGPU_FRAMES_WITHOUT_GIL 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
+#include <optional>
 
 #include <string>
 #include <unordered_map>
@@ -17,7 +34,8 @@
 namespace torch_mgpu::python {
 namespace {
 
-// Guarded by the GIL. The caches hold a reference to each code object they
+// Guarded by the state lock (the caller is asked for under it; filling
+// the caches also takes the GIL, for the interpreter's objects). The caches hold a reference to each code object they
 // key: a freed code object's address may be taken by another one (a loop
 // that compiles and runs code), which must not inherit its answers.
 // A call site: a code object and the offset of its instruction in it (the
@@ -86,10 +104,49 @@ std::string_view location(Callers& c, PyCodeObject* code, PyFrameObject* frame) 
   return c.locations.emplace(key, ir::intern(where)).first->second;
 }
 
+#ifdef TORCH_MGPU_FRAMES_WITHOUT_GIL
+// The same walk as python_caller's, over the thread's interpreter frames
+// (PyEval_GetFrame and PyFrame_GetBack skip incomplete frames: so does
+// this), answered from the caches alone; nullopt where a frame on the way
+// or the site found is not in them. A code object in the caches is held, so
+// a frame whose code has its address runs that very code object.
+std::optional<std::string_view> cached_caller(Callers& c, PyThreadState* ts) {
+  auto complete = [](_PyInterpreterFrame* f) {
+    while (f && _PyFrame_IsIncomplete(f)) f = f->previous;
+    return f;
+  };
+  auto site = [&](_PyInterpreterFrame* f) -> std::optional<std::string_view> {
+    const int lasti = _PyInterpreterFrame_LASTI(f);
+    const Site key{f->f_code, lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT))};
+    auto it = c.locations.find(key);
+    if (it == c.locations.end()) return std::nullopt;
+    return it->second;
+  };
+  _PyInterpreterFrame* f = complete(ts->cframe ? ts->cframe->current_frame : nullptr);
+  for (int depth = 0; f && depth < 32; ++depth) {
+    auto it = c.internal.find(f->f_code);
+    if (it == c.internal.end()) return std::nullopt;
+    if (!it->second) return site(f);
+    _PyInterpreterFrame* back = complete(f->previous);
+    if (!back) return site(f);  // all frames internal: the outermost
+    f = back;
+  }
+  return std::string_view();
+}
+#endif
+
 std::string_view python_caller() {
   // Threads that never ran Python (lanes, a C++ program's own threads)
   // have no caller to name.
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return {};
+  if (!Py_IsInitialized()) return {};
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr) return {};
+#ifdef TORCH_MGPU_FRAMES_WITHOUT_GIL
+  if (auto known = cached_caller(callers(), ts)) {
+    runtime::counters().callers_without_gil++;
+    return *known;
+  }
+#endif
   PyGILState_STATE gil = PyGILState_Ensure();
   std::string_view where;
   Callers& c = callers();

@@ -23,6 +23,9 @@ struct Counters {
   alignas(64) std::atomic<int64_t> syncs{0};
   alignas(64) std::atomic<int64_t> meta_cache_hits{0};
   alignas(64) std::atomic<int64_t> meta_cache_misses{0};
+  // Callers of recorded ops named from the caches without taking the GIL
+  // (python/caller.cpp).
+  alignas(64) std::atomic<int64_t> callers_without_gil{0};
   alignas(64) std::atomic<int64_t> execution_errors{0};
   // Cumulative microseconds per sync phase.
   alignas(64) std::atomic<int64_t> sync_graph_us{0};
