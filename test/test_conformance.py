@@ -522,3 +522,67 @@ def test_a_host_tensor_indexed_by_mgpu_indices_is_refused_as_on_cuda():
     xm = torch.arange(12.0).reshape(3, 4)
     assert_same(xm.to("mgpu")[torch.tensor([0, 2])], xm[torch.tensor([0, 2])])
     assert_same(xm.to("mgpu")[i], xm[torch.tensor([0, 2])])
+
+
+# Found by the OpInfo samples in other dtypes, column-major: results whose
+# eager kernel lays them out contiguous where mgpu followed the input.
+# angle of a complex tensor resizes an empty result (contiguous); of a real
+# one it is TensorIterator's (the input's layout).
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32])
+def test_angle_results_have_eagers_strides(dtype):
+    x = torch.randn(6, 5, dtype=dtype, generator=torch.Generator().manual_seed(71))
+    # views of the same storage on both sides (the kernel's bits depend on
+    # the layout it reads: `x[:, ::2].to("mgpu")` would be a compact copy)
+    for view in (lambda t: t.t(), lambda t: t[:, ::2], lambda t: t.unsqueeze(0).permute(2, 0, 1)):
+        want, got = view(x).angle(), view(x.to("mgpu")).angle()
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
+        assert_same(got, want)
+
+
+# max_pool1d without a gradient runs a CPU kernel of its own, whose result
+# is contiguous; with one (and on other devices) max_pool2d's, whose result
+# follows a channels-last input. mgpu takes the CPU's path, by the same test.
+def test_max_pool1d_results_have_eagers_strides_with_and_without_grad():
+    import torch.autograd.forward_ad as fwAD
+    import torch.nn.functional as F
+
+    base = torch.randn(3, 4, 9, generator=torch.Generator().manual_seed(72))
+    for x in (base.transpose(1, 2).contiguous().transpose(1, 2), base, base[0].t().contiguous().t()):
+        for kw in (dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)):
+            want, got = F.max_pool1d(x, **kw), F.max_pool1d(x.to("mgpu"), **kw)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
+            assert_same(got, want)
+            # with a gradient wanted: max_pool2d's layout, and the gradient
+            xc = x.detach().requires_grad_()
+            xm = x.to("mgpu").requires_grad_()
+            want, got = F.max_pool1d(xc, **kw), F.max_pool1d(xm, **kw)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
+            assert_same(got, want)
+            g = torch.randn(want.shape, generator=torch.Generator().manual_seed(73))
+            want.backward(g)
+            got.backward(g.to("mgpu"))
+            assert_same(xm.grad, xc.grad)
+            with torch.no_grad():  # requires grad, none wanted: the CPU's path
+                want, got = F.max_pool1d(xc, **kw), F.max_pool1d(xm, **kw)
+            assert got.stride() == want.stride()
+            assert_same(got, want)
+            with fwAD.dual_level():  # a tangent: max_pool2d's path, and its tangent
+                t = torch.randn(x.shape, generator=torch.Generator().manual_seed(74))
+                want = F.max_pool1d(fwAD.make_dual(x, t), **kw)
+                got = F.max_pool1d(fwAD.make_dual(x.to("mgpu"), t.to("mgpu")), **kw)
+                assert got.stride() == want.stride()
+                assert_same(fwAD.unpack_dual(got).tangent, fwAD.unpack_dual(want).tangent)
+
+
+def test_max_pool1d_refuses_what_eager_refuses():
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 5, generator=torch.Generator().manual_seed(75))
+    for kw in (dict(kernel_size=4, padding=3), dict(kernel_size=0), dict(kernel_size=2, stride=0),
+               dict(kernel_size=9)):
+        with pytest.raises(RuntimeError) as eager:
+            F.max_pool1d(x, **kw)
+        with pytest.raises(RuntimeError) as lazy:
+            F.max_pool1d(x.to("mgpu"), **kw).cpu()
+        assert str(lazy.value).splitlines()[0] == str(eager.value).splitlines()[0]
+

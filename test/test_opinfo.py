@@ -38,6 +38,16 @@ def test_opinfo_conformance_column_major(tmp_path):
                 os.environ.get("TORCH_MGPU_OPINFO_TRANSPOSED_EVERY", "2"), 0.99, "--transposed")
 
 
+# Other dtypes (a quarter of the ops each; `bash scripts/dev.sh opinfo --dtype
+# int64` runs them all): integer, complex and half-precision kernels, and
+# the dtypes of results (int64 and bool run only there: float32 lacks them).
+@pytest.mark.parametrize("dtype,mode", [("int64", ""), ("complex64", ""), ("float16", ""),
+                                        ("complex64", "--transposed")])
+def test_opinfo_conformance_other_dtypes(tmp_path, dtype, mode):
+    every = os.environ.get("TORCH_MGPU_OPINFO_DTYPES_EVERY", "4")
+    run_harness(tmp_path / f"opinfo_report_{dtype}.txt", every, 0.99, "--dtype", dtype, *([mode] if mode else []))
+
+
 def test_a_result_laid_out_otherwise_is_a_mismatch():
     sys.path.insert(0, HERE)
     import opinfo_harness

@@ -6,6 +6,7 @@
 #include "ir/partition.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 
 namespace torch_mgpu::backend {
@@ -31,5 +32,14 @@ at::Tensor alias_tensor(const at::Tensor& t);
 // The computed value of an mgpu tensor as a tensor on `device` (CPU or
 // CUDA), sharing the value's bytes where they already lie there (syncs).
 at::Tensor value_view(const at::Tensor& t, c10::Device device);
+
+// For kernels at the autograd key that send a call below autograd (to be
+// recorded as one node) unless a gradient is wanted: grad mode and an
+// input that requires grad, or a forward-mode tangent.
+inline bool wants_grad(const at::Tensor& t) {
+  return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+}
+// The keys below autograd, for the recording kernel.
+inline c10::DispatchKeySet below_autograd(c10::DispatchKeySet ks) { return ks & c10::after_ADInplaceOrView_keyset; }
 
 } // namespace torch_mgpu::backend

@@ -28,13 +28,6 @@
 namespace torch_mgpu::backend {
 namespace {
 
-bool wants_grad(const at::Tensor& t) {
-  return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
-}
-
-// The keys below autograd, for the recording kernel.
-c10::DispatchKeySet below_autograd(c10::DispatchKeySet ks) { return ks & c10::after_ADInplaceOrView_keyset; }
-
 at::Tensor linalg_cholesky(c10::DispatchKeySet ks, const at::Tensor& A, bool upper) {
   if (wants_grad(A)) return at::compositeimplicitautograd::linalg_cholesky(A, upper);
   at::AutoDispatchBelowADInplaceOrView guard;

@@ -744,6 +744,7 @@ struct OpInfo {
   bool makes_quantized = false;  // quantize_per_tensor and friends
   bool batch_norm = false;     // native batch norm: eval mode saves nothing
   bool contiguous_result = false;  // eager allocates its result contiguous, whatever Meta says
+  bool contiguous_if_complex = false;  // the same, where its first argument is complex
   bool nansum = false;         // canonical_dims: `dim=[]` means every dim
   bool makes_sparse = false;   // its name says it makes a sparse tensor
   // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
@@ -772,7 +773,11 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
       schema.name() == "aten::_empty_per_channel_affine_quantized";
   // pow(Scalar, Tensor) allocates its result before it redispatches to
   // TensorIterator: contiguous in eager, the exponent's layout on Meta.
-  info.contiguous_result = n == "aten::pow.Scalar";
+  // max_pool1d: see backend/cpu_paths.cpp (CPU's own kernel, contiguous).
+  info.contiguous_result = n == "aten::pow.Scalar" || n == "aten::max_pool1d";
+  // angle of a complex tensor: an empty result resized by angle.out
+  // (contiguous); of a real one, TensorIterator's (the input's layout).
+  info.contiguous_if_complex = n == "aten::angle";
   info.nansum = schema.name() == "aten::nansum";
   info.makes_sparse = makes_sparse(schema.name());
   for (const auto& a : schema.arguments()) {
@@ -834,7 +839,9 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
     if (op_info(op).batch_norm) saves_nothing_in_eval(schema, args, fresh);
-    if (op_info(op).contiguous_result) {
+    const OpInfo& info = op_info(op);
+    if (info.contiguous_result ||
+        (info.contiguous_if_complex && !args.empty() && args[0].isTensor() && args[0].toTensor().is_complex())) {
       make_contiguous(fresh);
     } else if (op.hasTag(at::Tag::pointwise)) {
       follow_input_layout(args, fresh);
