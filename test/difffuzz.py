@@ -28,6 +28,7 @@ same signature, and printed as a runnable snippet.
 
     python test/difffuzz.py --programs 200 --seed 0
     python test/difffuzz.py --programs 200 --seed 2000000  # with torch.nn.functional (NN_SEEDS)
+    python test/difffuzz.py --programs 200 --seed 3000000  # and float16 / bfloat16 (HALF_SEEDS)
     python test/difffuzz.py --seconds 600
     python test/difffuzz.py --seed 17 --show        # print a program
 
@@ -83,6 +84,9 @@ LARGEST = 1 << 20
 # convolutions, pools, attention, losses); smaller seeds generate what they
 # did before those were added, so that programs found then stay reproducible.
 NN_SEEDS = 2_000_000
+# Programs of seeds from here up also make float16 and bfloat16 tensors
+# (inputs, factories, casts); they call torch.nn.functional too.
+HALF_SEEDS = 3_000_000
 
 # A statement that raised on CPU without being meant to is kept with this
 # probability (its outcome, the exception class, is compared like any other).
@@ -412,9 +416,12 @@ class Gen:
                      for _ in range(ndim))
 
     def dtype(self):
-        return self.rng.choices(
-            [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64],
-            [8, 1.5, 3, 1, 0.4, 1.5, 1])[0]
+        pool = [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64]
+        weights = [8, 1.5, 3, 1, 0.4, 1.5, 1]
+        if self.seed >= HALF_SEEDS:
+            pool += [torch.float16, torch.bfloat16]
+            weights += [1.5, 1.5]
+        return self.rng.choices(pool, weights)[0]
 
     def element(self, dtype):
         r = self.rng
@@ -1085,7 +1092,8 @@ class Gen:
         va = self.val(a)
         target = self.dtype()
         if not castable(va, target):
-            target = r.choice(FLOAT_DTYPES + (torch.complex64,))
+            target = r.choice(FLOAT_DTYPES + (torch.complex64,) +
+                              ((torch.float16, torch.bfloat16) if self.seed >= HALF_SEEDS else ()))
         b = self.pick()
         options = [(f"{a}.to({target})", "to"), (f"{a}.type({target})", "type")]
         if castable(va, torch.int64):
@@ -2250,7 +2258,7 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, help="run for this long (the last 15%% shrinking what was found)")
     p.add_argument("--programs", type=int, help="number of programs (seeds SEED, SEED+1, ...)")
     p.add_argument("--seed", type=int, help="first seed (default: 0 with --programs, else from the clock, "
-                   "past NN_SEEDS)")
+                   "past HALF_SEEDS)")
     p.add_argument("--max-stmts", type=int, default=24, help="longest program (default 24)")
     p.add_argument("--configs", help="comma-separated indices into CONFIGS (default: all): " +
                    "; ".join(f"{i}: {c.name}" for i, c in enumerate(CONFIGS)))
@@ -2270,7 +2278,7 @@ def main(argv=None):
         p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.seed is None:
-        args.seed = 0 if args.seconds is None else NN_SEEDS + int(time.time()) % 1_000_000
+        args.seed = 0 if args.seconds is None else HALF_SEEDS + int(time.time()) % 1_000_000
     if args.seconds is None and args.programs is None:
         args.programs = 1 if args.show else 100
     configs = CONFIGS if not args.configs else tuple(CONFIGS[int(i)] for i in args.configs.split(","))

@@ -32,6 +32,15 @@ def test_fixed_seeds_with_nn_functional_statements_match_eager():
     assert report.ok, "\n" + report.summary()
 
 
+def test_fixed_seeds_with_half_precision_match_eager():
+    # float16 and bfloat16 inputs, factories and casts beside the rest.
+    seeds = range(difffuzz.HALF_SEEDS, difffuzz.HALF_SEEDS + 100)
+    assert any(dt in difffuzz.generate(s).source() for s in seeds[:10] for dt in ("float16", "bfloat16"))
+    assert not any("float16" in difffuzz.generate(s).source() for s in range(difffuzz.NN_SEEDS, difffuzz.NN_SEEDS + 50))
+    report = difffuzz.fuzz(seeds, minimize_budget_s=5, minimize_total_s=10)
+    assert report.ok, "\n" + report.summary()
+
+
 def test_programs_are_deterministic():
     assert difffuzz.generate(3).source() == difffuzz.generate(3).source()
     assert difffuzz.generate(3).source() != difffuzz.generate(4).source()
