@@ -11,6 +11,7 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py --noncontiguous  # each sample's tensors as non-contiguous views
     python test/opinfo_harness.py --transposed     # each sample's tensors laid out column-major
     python test/opinfo_harness.py --dtype int64    # the samples of another dtype
+    python test/opinfo_harness.py --grad           # gradients: backward through each sample
 
 A result matches when its values do and its layout does: the strides of
 every dimension longer than one are eager's (a later `view` succeeds or
@@ -40,7 +41,8 @@ RANDOM_OPS = {
 }
 
 
-LABELS = {"": "", "noncontiguous": " (non-contiguous inputs)", "transposed": " (column-major inputs)"}
+LABELS = {"": "", "noncontiguous": " (non-contiguous inputs)", "transposed": " (column-major inputs)",
+          "grad": " (gradients)"}
 
 
 def op_key(op):
@@ -73,7 +75,11 @@ def worker(names, mode="", dtype_name="float32"):
                 res["skipped"] = f"no {dtype_name} on cpu"
                 print(json.dumps(res), flush=True)
                 continue
-            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+            if mode == "grad" and (not op.supports_autograd or dtype not in op.supported_backward_dtypes("cpu")):
+                res["skipped"] = f"no {dtype_name} backward on cpu"
+                print(json.dumps(res), flush=True)
+                continue
+            samples = list(op.sample_inputs("cpu", dtype, requires_grad=mode == "grad"))
         except Exception as e:  # the database itself failed for this op
             res["skipped"] = f"sample generation failed: {type(e).__name__}"
             print(json.dumps(res), flush=True)
@@ -90,6 +96,13 @@ def worker(names, mode="", dtype_name="float32"):
                     continue
             if mode == "transposed":
                 sample = sample.transform(column_major)
+            if mode == "grad":
+                outcome = compare_gradients(op, sample, key in RANDOM_OPS or op.name in RANDOM_OPS or
+                                            sample.kwargs.get("dropout_p", 0) > 0)
+                res[outcome[0]] += 1
+                if outcome[1] and not res["first"]:
+                    res["first"] = outcome[1]
+                continue
             # Moved before eager runs: an op that writes its input (embedding_bag's
             # max_norm renormalizes the weight in place) must not hand mgpu
             # what eager left.
@@ -119,6 +132,55 @@ def worker(names, mode="", dtype_name="float32"):
                 if not res["first"]:
                     res["first"] = f"mismatch: {str(e).splitlines()[0][:200]}"
         print(json.dumps(res), flush=True)
+
+
+def compare_gradients(op, sample, random):
+    """Backward through `sample` on CPU and on mgpu: the gradients of its
+    leaves under the same random weights of its differentiable outputs.
+    Returns (outcome key, first failure or "")."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    def run(s):
+        leaves = [t for t in tree_flatten((s.input, s.args, s.kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.manual_seed(0)
+        outs = [o for o in tree_flatten(op(s.input, *s.args, **s.kwargs))[0]
+                if isinstance(o, torch.Tensor) and o.requires_grad and (o.is_floating_point() or o.is_complex())]
+        if not outs or not leaves:
+            return None
+        g = torch.Generator().manual_seed(1)
+        # (weights on each output's own device: `to` may return a CPU tensor)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)).sum().abs()
+                   if o.is_complex() else (o * torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)).sum()
+                   for o in outs)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return [None if x is None else x.detach() for x in grads]
+
+    try:
+        expected = run(sample)
+    except Exception:
+        return "cpu_error", ""
+    if expected is None:
+        return "cpu_error", ""
+    # Leaves of the same layout on mgpu (a leaf's storage moved whole, then
+    # the same view of it, made a leaf again).
+    moved = sample.transform(lambda t: to_mgpu(t.detach()).requires_grad_(t.requires_grad)
+                             if isinstance(t, torch.Tensor) else t)
+    try:
+        got = run(moved)
+        got = [None if x is None else x.cpu() for x in got]
+    except Exception as e:
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    try:
+        assert len(got) == len(expected), "gradient count differs"
+        for e, g in zip(expected, got):
+            assert (e is None) == (g is None), "a gradient is missing on one side"
+            if e is not None:
+                compare(e, g, random)
+        return "pass", ""
+    except Exception as e:
+        return "mismatch", f"mismatch: {str(e).splitlines()[0][:200]}"
 
 
 def to_mgpu(t):
@@ -272,8 +334,9 @@ def main():
     ap.add_argument("--noncontiguous", action="store_true", help="non-contiguous views of every sample")
     ap.add_argument("--transposed", action="store_true", help="every sample's tensors laid out column-major")
     ap.add_argument("--dtype", default="float32", help="the samples' dtype (a torch attribute: float64, int64, ...)")
+    ap.add_argument("--grad", action="store_true", help="gradients of every sample's leaves, by backward")
     a = ap.parse_args()
-    mode = "noncontiguous" if a.noncontiguous else "transposed" if a.transposed else ""
+    mode = "noncontiguous" if a.noncontiguous else "transposed" if a.transposed else "grad" if a.grad else ""
     if a.worker:
         worker(a.worker.split(","), mode, a.dtype)
         return 0

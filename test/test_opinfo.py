@@ -48,6 +48,13 @@ def test_opinfo_conformance_other_dtypes(tmp_path, dtype, mode):
     run_harness(tmp_path / f"opinfo_report_{dtype}.txt", every, 0.99, "--dtype", dtype, *([mode] if mode else []))
 
 
+def test_opinfo_conformance_gradients(tmp_path):
+    # Backward through each sample (a third of the ops; `--grad` runs them
+    # all): the gradients of its leaves under the same random output weights.
+    every = os.environ.get("TORCH_MGPU_OPINFO_GRAD_EVERY", "3")
+    run_harness(tmp_path / "opinfo_report_grad.txt", every, 0.99, "--grad")
+
+
 def test_a_result_laid_out_otherwise_is_a_mismatch():
     sys.path.insert(0, HERE)
     import opinfo_harness
@@ -61,3 +68,18 @@ def test_a_result_laid_out_otherwise_is_a_mismatch():
         opinfo_harness.compare_layouts(x, x.t().contiguous().t().to("mgpu"))
     assert opinfo_harness.column_major(x).stride() == (1, 3)
     assert torch.equal(opinfo_harness.column_major(x), x)
+
+
+def test_a_wrong_gradient_is_a_mismatch():
+    sys.path.insert(0, HERE)
+    import opinfo_harness
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    x = torch.randn(3, 4, requires_grad=True)
+    same = opinfo_harness.compare_gradients(lambda t: (t * 2).sum(1), SampleInput(x), False)
+    assert same == ("pass", "")
+    # a backward that differs on mgpu: its gradient is 3, eager's 2
+    skewed = opinfo_harness.compare_gradients(lambda t: t * (2 if t.device.type == "cpu" else 3), SampleInput(x), False)
+    assert skewed[0] == "mismatch", skewed
+    # an op whose output needs no gradient has nothing to compare
+    assert opinfo_harness.compare_gradients(lambda t: t.detach() + 1, SampleInput(x), False)[0] == "cpu_error"
