@@ -50,7 +50,6 @@ def test_recorded_without_a_sync_and_equal_to_eager(name, batch, dtype):
     want = fn(A, B)
     Am, Bm = A.to("mgpu"), B.to("mgpu")
     torch_mgpu.synchronize()
-    syncs = torch_mgpu.stats()["syncs"]
     got = fn(Am, Bm)
     assert torch_mgpu.stats()["syncs"] == syncs, "the call synchronized"
     assert torch_mgpu.pending_ops() >= 1
@@ -139,7 +138,6 @@ def test_independent_factorizations_run_on_two_lanes(lanes_config):
     want = heads(ks, ys)
     mks, mys = [k.to("mgpu") for k in ks], [y.to("mgpu") for y in ys]
     torch_mgpu.synchronize()
-    syncs = torch_mgpu.stats()["syncs"]
     got = heads(mks, mys)
     assert torch_mgpu.stats()["syncs"] == syncs
     torch.testing.assert_close(got.cpu(), want)
@@ -169,3 +167,31 @@ def test_cost_model_counts_factorization_flops():
     # machine: its calibrated GEMM rate over its elementwise rate)
     assert chol > elem
     del L, E
+
+
+# Out= tensors of another dtype: eager refuses them at the call, whatever the
+# matrices hold. The call's probe runs factorizations on identities (zeros
+# are singular, and their errors were taken for the data's), so that these
+# raise at the call on mgpu too (solve_triangular's Meta kernel does not
+# check; its error was deferred to a read of `out`, or lost with it).
+@pytest.mark.parametrize("case", [
+    lambda A, B, out: torch.linalg.solve_triangular(A, B, upper=True, out=out),
+    lambda A, B, out: torch.triangular_solve(B, A, out=(out, torch.empty_like(A))),
+    lambda A, B, out: torch.cholesky_solve(B, A, out=out),
+    lambda A, B, out: torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B, out=out),
+    lambda A, B, out: torch.linalg.solve(A, B, out=out),
+])
+def test_an_out_tensor_of_another_dtype_is_refused_at_the_call(case):
+    A, B = spd(3, dtype=torch.float32), rand(3, 2, dtype=torch.float32)
+    with pytest.raises(RuntimeError) as eager:
+        case(A, B, torch.empty(3, 2, dtype=torch.long))
+    Am, Bm = A.to("mgpu"), B.to("mgpu")
+    with pytest.raises(RuntimeError) as lazy:
+        case(Am, Bm, torch.empty(3, 2, dtype=torch.long, device="mgpu"))
+    assert str(lazy.value).splitlines()[0] == str(eager.value).splitlines()[0]
+    # and with an out= tensor of the right dtype, the same values
+    want = torch.empty(3, 2)
+    case(A, B, want)
+    got = torch.empty(3, 2, device="mgpu")
+    case(Am, Bm, got)
+    assert torch.allclose(got.cpu(), want, atol=1e-5), (got.cpu(), want)

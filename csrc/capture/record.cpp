@@ -415,7 +415,13 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
   return s;
 }
 
-// Runs the call on CPU over zeros (or ones) in place of the mgpu tensors.
+// What the probe's stand-ins for mgpu tensors hold: zeros, ones, or
+// identity matrices (floating tensors of two or more dims: ones on the
+// diagonal of their last two; others ones), which factorizations and solves
+// take (zeros and ones are singular).
+enum class Fill { Zeros, Ones, Identity };
+
+// Runs the call on CPU over zeros (or ones, or identities) in place of the mgpu tensors.
 // Each mgpu storage becomes one CPU storage (when they are small), so that
 // views that share bytes share them here too and the kernel's overlap
 // checks see what eager's would (`c[idx] = c` on a column of a matrix).
@@ -424,7 +430,7 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
 // call's written slots (left empty for large calls).
 // `kept_layout` (if given) says whether the twins had the mgpu tensors'
 // geometry (small calls), so that the results' strides are eager's.
-torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool ones, bool quiet,
+torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Fill fill, bool quiet,
                              std::vector<ir::TensorGeometry>* written = nullptr, bool* kept_layout = nullptr) {
   constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
@@ -451,10 +457,13 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   // unless Meta gave them already: eager gives them once, at the call.
   std::optional<c10::WarningUtils::WarningHandlerGuard> silenced;
   if (quiet) silenced.emplace(&ir::silent_warnings());
-  if (ones)
+  if (fill != Fill::Zeros)
     for (auto& t : filled) {
       try {
-        t.fill_(1);
+        if (fill == Fill::Identity && t.dim() >= 2 && (t.is_floating_point() || t.is_complex()))
+          t.diagonal(0, -2, -1).fill_(1);
+        else
+          t.fill_(1);
       } catch (const c10::Error&) {
         // An expanded view (stride 0) cannot be filled; its storage is, by
         // another view of it or not at all.
@@ -590,7 +599,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   try {
     std::vector<ir::TensorGeometry> written;
     bool kept_layout = false;
-    auto results = probe_call(op, args, /*ones=*/false, quiet, &written, &kept_layout);
+    auto results = probe_call(op, args, Fill::Zeros, quiet, &written, &kept_layout);
     if (plain) take_cpu_results(results, meta, /*sizes_too=*/true, kept_layout);
     take_cpu_written(written, meta);
   } catch (const c10::LinAlgError&) {
@@ -600,11 +609,26 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     const std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
     if (msg.find("not implemented for '") != std::string::npos) throw;
-    if (refuses_singular(schema.name())) return;
+    if (refuses_singular(schema.name())) {
+      // Zeros are singular: identities are not. An error on them too is
+      // the call's (an out= tensor of another dtype: `linalg.solve_triangular
+      // (A, B, out=long_tensor)`), whatever the data.
+      try {
+        probe_call(op, args, Fill::Identity, /*quiet=*/true);
+      } catch (const c10::LinAlgError&) {
+        return;
+      } catch (const std::exception& again) {
+        const auto* c10_again = dynamic_cast<const c10::Error*>(&again);
+        const std::string m = c10_again ? c10_again->what_without_backtrace() : again.what();
+        if (m.find("singular") != std::string::npos) return;
+        throw;
+      }
+      return;
+    }
     std::exception_ptr on_zeros = std::current_exception();
     bool on_ones = false;
     try {
-      probe_call(op, args, /*ones=*/true, /*quiet=*/true);
+      probe_call(op, args, Fill::Ones, /*quiet=*/true);
     } catch (const std::exception&) {
       on_ones = true;
     }
