@@ -566,6 +566,12 @@ def test_max_pool1d_results_have_eagers_strides_with_and_without_grad():
                 want, got = F.max_pool1d(xc, **kw), F.max_pool1d(xm, **kw)
             assert got.stride() == want.stride()
             assert_same(got, want)
+            # below autograd with a gradient wanted (as an autograd fallback
+            # calls it): eager's composite decides at the backend key
+            with torch._C._AutoDispatchBelowAutograd():
+                want, got = F.max_pool1d(xc, **kw), F.max_pool1d(xm, **kw)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
+            assert_same(got, want)
             with fwAD.dual_level():  # a tangent: max_pool2d's path, and its tangent
                 t = torch.randn(x.shape, generator=torch.Generator().manual_seed(74))
                 want = F.max_pool1d(fwAD.make_dual(x, t), **kw)

@@ -16,30 +16,50 @@
 
 #include <ATen/RedispatchFunctions.h>
 #include <ATen/TensorSubclassLikeUtils.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/max_pool1d_compositeimplicitautograd_dispatch.h>
 #include <torch/library.h>
 
 namespace torch_mgpu::backend {
 namespace {
 
-at::Tensor max_pool1d(c10::DispatchKeySet ks, const at::Tensor& self, at::IntArrayRef kernel_size,
-                      at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
-  if (wants_grad(self) || at::isTensorSubclassLike(self))
+// Eager's test, made where eager's composite makes it (at the backend key):
+// a call that reaches it below autograd with a gradient wanted (under
+// `_AutoDispatchBelowAutograd`, from an autograd fallback) takes the
+// composite too.
+bool takes_composite(const at::Tensor& self) { return wants_grad(self) || at::isTensorSubclassLike(self); }
+
+at::Tensor max_pool1d_autograd(c10::DispatchKeySet ks, const at::Tensor& self, at::IntArrayRef kernel_size,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               bool ceil_mode) {
+  if (takes_composite(self))
     return at::compositeimplicitautograd::max_pool1d(self, kernel_size, stride, padding, dilation, ceil_mode);
   at::AutoDispatchBelowADInplaceOrView guard;
   return at::redispatch::max_pool1d(below_autograd(ks), self, kernel_size, stride, padding, dilation, ceil_mode);
+}
+
+// Below autograd: the composite where eager's test says so, else the op
+// recorded whole (through the boxed kernel every op reaches).
+at::Tensor max_pool1d(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                      at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
+  if (takes_composite(self))
+    return at::compositeimplicitautograd::max_pool1d(self, kernel_size, stride, padding, dilation, ceil_mode);
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::max_pool1d", "");
+  torch::jit::Stack stack;
+  torch::jit::push(stack, self, kernel_size, stride, padding, dilation, ceil_mode);
+  mgpu_fallback(op, &stack);
+  return torch::jit::pop(stack).toTensor();
 }
 
 } // namespace
 } // namespace torch_mgpu::backend
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d));
+  m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d_autograd));
 }
 
-// Below autograd the op is recorded whole (the boxed kernel every op
-// reaches; registered by name, since a composite kernel counts as
-// PrivateUse1's own).
+// Registered by name: a composite kernel counts as PrivateUse1's own, so the
+// boxed fallback would not be reached.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("max_pool1d", torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::mgpu_fallback>());
+  m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d));
 }

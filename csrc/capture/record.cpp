@@ -416,7 +416,7 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
 }
 
 // What the probe's stand-ins for mgpu tensors hold: zeros, ones, or
-// identity matrices (floating tensors of two or more dims: ones on the
+// identity matrices (floating and complex tensors of two or more dims: ones on the
 // diagonal of their last two; others ones), which factorizations and solves
 // take (zeros and ones are singular).
 enum class Fill { Zeros, Ones, Identity };

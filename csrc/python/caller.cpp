@@ -25,7 +25,6 @@
 #endif
 
 #include <optional>
-
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -35,9 +34,10 @@ namespace torch_mgpu::python {
 namespace {
 
 // Guarded by the state lock (the caller is asked for under it; filling
-// the caches also takes the GIL, for the interpreter's objects). The caches hold a reference to each code object they
-// key: a freed code object's address may be taken by another one (a loop
-// that compiles and runs code), which must not inherit its answers.
+// the caches also takes the GIL, for the interpreter's objects). The
+// caches hold a reference to each code object they key: a freed code
+// object's address may be taken by another one (a loop that compiles and
+// runs code), which must not inherit its answers.
 // A call site: a code object and the offset of its instruction in it (the
 // line number is worked out once per site: finding it walks the line table).
 struct Site {
@@ -60,8 +60,11 @@ struct Callers {
     if (held.size() >= 50000) {  // bounded: forget everything, let the code objects go
       internal.clear();
       locations.clear();
-      for (PyObject* o : held) Py_DECREF(o);
-      held.clear();
+      // Swapped out first: a release may run Python (a weakref callback)
+      // that records an op and comes back here.
+      std::vector<PyObject*> released;
+      released.swap(held);
+      for (PyObject* o : released) Py_DECREF(o);
     }
     Py_INCREF(code);
     held.push_back(reinterpret_cast<PyObject*>(code));
