@@ -565,6 +565,14 @@ bool only_out_tensors(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IVal
   return true;
 }
 
+// An error's message without its backtrace: c10::Error, or a plain
+// std::runtime_error ("value cannot be converted to type c10::Half without
+// overflow" comes as one).
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
 void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta, bool quiet) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
@@ -604,10 +612,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     take_cpu_written(written, meta);
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
-    // c10::Error, or a plain std::runtime_error ("value cannot be converted
-    // to type c10::Half without overflow" comes as one).
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
+    const std::string msg = message_of(e);
     if (msg.find("not implemented for '") != std::string::npos) throw;
     if (refuses_singular(schema.name())) {
       // Zeros are singular: identities are not. An error on them too is
@@ -618,9 +623,7 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       } catch (const c10::LinAlgError&) {
         return;
       } catch (const std::exception& again) {
-        const auto* c10_again = dynamic_cast<const c10::Error*>(&again);
-        const std::string m = c10_again ? c10_again->what_without_backtrace() : again.what();
-        if (m.find("singular") != std::string::npos) return;
+        if (message_of(again).find("singular") != std::string::npos) return;
         throw;
       }
       return;
@@ -862,8 +865,8 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       // The call's warnings come once: from Meta, or else from the probe.
       if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
-    if (op_info(op).batch_norm) saves_nothing_in_eval(schema, args, fresh);
     const OpInfo& info = op_info(op);
+    if (info.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (info.contiguous_result ||
         (info.contiguous_if_complex && !args.empty() && args[0].isTensor() && args[0].toTensor().is_complex())) {
       make_contiguous(fresh);
