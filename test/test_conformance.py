@@ -592,3 +592,63 @@ def test_max_pool1d_refuses_what_eager_refuses():
             F.max_pool1d(x.to("mgpu"), **kw).cpu()
         assert str(lazy.value).splitlines()[0] == str(eager.value).splitlines()[0]
 
+
+
+RESIZED = "An output with one or more elements was resized"
+BIG = 40_000  # beyond the probe's full run: the call's warnings are its Meta kernel's
+OUT_CALLS = {
+    # Python Meta kernels (out= wrapper; torch._resize_output_), C++ ones
+    "exp": lambda d: torch.exp(torch.randn(20, device=d), out=torch.empty(23, device=d)),
+    "add": lambda d: torch.add(torch.randn(20, device=d), 1.5, out=torch.empty(23, device=d)),
+    "angle": lambda d: torch.angle(torch.randn(20, device=d), out=torch.empty(23, device=d)),
+    "mm": lambda d: torch.mm(torch.randn(5, 6, device=d), torch.randn(6, 7, device=d), out=torch.empty(3, device=d)),
+    "sort": lambda d: torch.sort(torch.randn(20, device=d),
+                                 out=(torch.empty(23, device=d), torch.empty(23, dtype=torch.long, device=d))),
+    # no Meta kernel: the CPU kernel infers the call
+    "logcumsumexp": lambda d: torch.logcumsumexp(torch.randn(5, 5, device=d), 0, out=torch.empty(23, device=d)),
+    "geqrf": lambda d: torch.geqrf(torch.randn(5, 5, device=d),
+                                   out=(torch.empty(23, device=d), torch.empty(23, device=d))),
+    "histogram": lambda d: torch.histogram(torch.randn(5, 5, device=d), 4,
+                                           out=(torch.empty(23, device=d), torch.empty(23, device=d))),
+    # eager's kernel resizes without a warning where Meta's would warn
+    "log_sigmoid": lambda d: torch._C._nn.log_sigmoid(torch.randn(20, device=d), out=torch.empty(21, device=d)),
+    "multinomial": lambda d: torch.multinomial(torch.rand(20, device=d), 3, out=torch.empty(23, dtype=torch.long,
+                                                                                            device=d)),
+    # zeros raise (singular): Meta's warning, in ATen's words
+    "cholesky": lambda d: torch.linalg.cholesky(torch.eye(3, device=d) * 2, out=torch.empty(23, device=d)),
+    "exp big": lambda d: torch.exp(torch.randn(BIG, device=d), out=torch.empty(23, device=d)),
+    "sort big": lambda d: torch.sort(torch.randn(BIG, device=d),
+                                     out=(torch.empty(23, device=d), torch.empty(23, dtype=torch.long, device=d))),
+    "cumsum big": lambda d: torch.cumsum(torch.randn(BIG, device=d), 0, out=torch.empty(23, device=d)),
+}
+WARNS = {"exp": 3, "add": 3, "angle": 3, "mm": 3, "sort": 6, "logcumsumexp": 3, "geqrf": 6, "histogram": 6,
+         "log_sigmoid": 0, "multinomial": 0, "cholesky": 3, "exp big": 3, "sort big": 6, "cumsum big": 3}
+
+
+@pytest.mark.parametrize("name", list(OUT_CALLS))
+def test_an_out_tensor_resized_warns_as_eager_does_at_every_call(name):
+    # ATen warns when a call resizes an out= tensor that has elements, at
+    # every call. mgpu gave it twice (a Python Meta kernel's own text beside
+    # the CPU kernel's), or only at the first call with those sizes (cached),
+    # or never (ops without a Meta kernel), or where eager does not.
+    got = {}
+    for device in ("cpu", "mgpu"):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                OUT_CALLS[name](device)
+            torch_mgpu.synchronize()
+        got[device] = [str(e.message) for e in w if RESIZED in str(e.message)]
+    assert len(got["cpu"]) == WARNS[name]
+    assert got["mgpu"] == got["cpu"]
+
+
+def test_resize_warnings_of_meta_tensors_are_pytorchs():
+    # Outside mgpu's inference the Python Meta kernels warn as they did.
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.empty(23, device="meta")
+        torch.exp(torch.randn(20, device="meta"), out=out)
+        torch.angle(torch.randn(20, device="meta"), out=torch.empty(23, device="meta"))
+    assert out.shape == (20,)
+    assert sum(RESIZED in str(e.message) for e in w) == 2

@@ -12,7 +12,7 @@ import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
 from . import device as _device_module
-from . import _settings, _tiers
+from . import _meta_warnings, _settings, _tiers
 from ._plan import Plan, Simulation, device_profiles, last_plan, simulate
 
 def _install_caller() -> None:
@@ -24,6 +24,7 @@ def _install_caller() -> None:
 
 _install_caller()
 _settings.install()
+_meta_warnings.install()
 _settings.follow_lanes_device()
 
 if not hasattr(torch, "mgpu"):

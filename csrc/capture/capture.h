@@ -29,4 +29,9 @@ void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // settings (ir::current_call_state(), read once per call). Under the state lock.
 bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta, const ir::CallState& state);
 
+// Whether this thread is running a call's Meta kernel for record(): a
+// Python Meta kernel's out= resize check then warns as ATen does
+// (torch_mgpu/_meta_warnings.py), into the call's held warnings.
+bool inferring_results();
+
 } // namespace torch_mgpu::capture

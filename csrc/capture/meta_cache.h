@@ -4,6 +4,8 @@
 // so the second step on reads geometry from here.
 #include "ir/node.h"
 
+#include <c10/util/Exception.h>
+
 #include <string>
 #include <vector>
 
@@ -29,6 +31,8 @@ struct MetaResult {
   // (out= and resize_ change them).
   std::vector<ir::TensorGeometry> mutated_geom;
   std::vector<size_t> mutated_nbytes;
+  // ATen's out= resize warnings, given at each call with this signature.
+  std::vector<c10::Warning> resize_warnings;
 };
 
 // Key builder: append the parts of a call's signature.

@@ -80,6 +80,12 @@ struct HeldWarnings : c10::WarningHandler {
   }
 };
 
+// ATen's warning for an out= tensor with elements that a call resizes
+// (at::native::resize_output_check).
+bool is_resize_warning(const c10::Warning& w) {
+  return w.msg().rfind("An output with one or more elements was resized", 0) == 0;
+}
+
 bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
 // Whether an argument is, or holds, an mgpu tensor.
@@ -248,6 +254,8 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
 }
 
 // Runs the op on Meta tensors and describes its results.
+thread_local bool inferring = false;
+
 MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, Call& call) {
   torch::jit::Stack s(std::move(margs));
   for (const auto& v : s)
@@ -259,6 +267,12 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
     });
   {
     at::AutoDispatchBelowADInplaceOrView guard;
+    const bool was = inferring;
+    inferring = true;
+    struct Restore {
+      bool was;
+      ~Restore() { inferring = was; }
+    } restore{was};
     op.callBoxed(&s);
   }
   MetaResult r;
@@ -338,13 +352,16 @@ private:
   at::Tensor saved_;
 };
 
-MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool cpu_as_meta) {
+// The CPU kernel over zeros of the arguments' sizes and layouts: its
+// warnings (eager's) go to `warned`.
+MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool cpu_as_meta,
+                              c10::WarningHandler& warned) {
   TORCH_CHECK_NOT_IMPLEMENTED(!cpu_as_meta, "mgpu: ", op.schema().name(), " has no Meta kernel");
   Call twins;
   twins.build_meta = true;
   twins.cpu_twins = true;
   auto targs = meta_arguments(op.schema(), args, twins);
-  c10::WarningUtils::WarningHandlerGuard quiet(&ir::silent_warnings());
+  c10::WarningUtils::WarningHandlerGuard to(&warned);
   std::optional<CpuGeneratorRestored> restored;
   if (op.hasTag(at::Tag::nondeterministic_seeded)) restored.emplace();
   return infer(op, std::move(targs), twins);
@@ -430,7 +447,8 @@ enum class Fill { Zeros, Ones, Identity };
 // call's written slots (left empty for large calls).
 // `kept_layout` (if given) says whether the twins had the mgpu tensors'
 // geometry (small calls), so that the results' strides are eager's.
-torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Fill fill, bool quiet,
+torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Fill fill,
+                             c10::WarningHandler* warnings,
                              std::vector<ir::TensorGeometry>* written = nullptr, bool* kept_layout = nullptr) {
   constexpr size_t kMaxAliasedBytes = size_t{1} << 20;
   torch::jit::Stack s;
@@ -453,10 +471,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  // The first run's warnings are the call's (a uint8 mask's deprecation),
-  // unless Meta gave them already: eager gives them once, at the call.
-  std::optional<c10::WarningUtils::WarningHandlerGuard> silenced;
-  if (quiet) silenced.emplace(&ir::silent_warnings());
+  c10::WarningUtils::WarningHandlerGuard to(warnings ? warnings : &ir::silent_warnings());
   if (fill != Fill::Zeros)
     for (auto& t : filled) {
       try {
@@ -573,12 +588,16 @@ std::string message_of(const std::exception& e) {
   return c10_error ? c10_error->what_without_backtrace() : e.what();
 }
 
-void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta, bool quiet) {
+// Returns whether the CPU kernel ran over the call's own sizes and returned
+// (on zeros, ones or identities): `warned` then holds what eager's call
+// warns (its out= resize warnings, a uint8 mask's deprecation).
+bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta,
+                  HeldWarnings& warned) {
   constexpr int64_t kMaxProbeNumel = 1 << 14;
   const auto& schema = op.schema();
   // Only ATen's own kernels: a custom op's kernel may be any code (a
   // compiled partition, Python), not to be run on made-up inputs.
-  if (schema.name().rfind("aten::", 0) != 0) return;
+  if (schema.name().rfind("aten::", 0) != 0) return false;
   // Random ops are probed too (their bounds checks: `random_(0, -1)`,
   // `uniform_(0, -42)`): a Generator argument becomes a throwaway one, and
   // the default CPU generator, which a call without one draws from, gets
@@ -594,22 +613,22 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     try {
       auto results = probe_cut(op, args);
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
-      return;
+      return false;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells. A call whose only
       // mgpu tensors are out= tensors (`randperm(n, out=t)`, `arange(...,
       // out=t)`) had nothing cut that it reads: its error is the call's.
       if (only_out_tensors(schema, args)) throw;
     }
-    if (numel > kMaxFullProbeNumel) return;
-    quiet = true;  // the cut run's warnings were dropped; so are these
+    if (numel > kMaxFullProbeNumel) return false;
   }
   try {
     std::vector<ir::TensorGeometry> written;
     bool kept_layout = false;
-    auto results = probe_call(op, args, Fill::Zeros, quiet, &written, &kept_layout);
+    auto results = probe_call(op, args, Fill::Zeros, &warned, &written, &kept_layout);
     if (plain) take_cpu_results(results, meta, /*sizes_too=*/true, kept_layout);
     take_cpu_written(written, meta);
+    return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
     const std::string msg = message_of(e);
@@ -618,25 +637,29 @@ void probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       // Zeros are singular: identities are not. An error on them too is
       // the call's (an out= tensor of another dtype: `linalg.solve_triangular
       // (A, B, out=long_tensor)`), whatever the data.
+      HeldWarnings on_identities;
       try {
-        probe_call(op, args, Fill::Identity, /*quiet=*/true);
+        probe_call(op, args, Fill::Identity, &on_identities);
       } catch (const c10::LinAlgError&) {
-        return;
+        return false;
       } catch (const std::exception& again) {
-        if (message_of(again).find("singular") != std::string::npos) return;
+        if (message_of(again).find("singular") != std::string::npos) return false;
         throw;
       }
-      return;
+      warned.held = std::move(on_identities.held);
+      return true;
     }
     std::exception_ptr on_zeros = std::current_exception();
-    bool on_ones = false;
+    HeldWarnings on_ones;
     try {
-      probe_call(op, args, Fill::Ones, /*quiet=*/true);
+      probe_call(op, args, Fill::Ones, &on_ones);
     } catch (const std::exception&) {
-      on_ones = true;
+      std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
     }
-    if (on_ones) std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
+    warned.held = std::move(on_ones.held);
+    return true;
   }
+  return false;
 }
 
 // Batch norm in eval mode: Meta kernels promise saved statistics of shape
@@ -852,19 +875,29 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     full.cpu_as_meta = cpu_as_meta;
     full.build_meta = true;
     auto margs = meta_arguments(schema, args, full);
+    // The call's warnings come once: the CPU kernel's where the probe ran
+    // it over the call's sizes (eager's own), else Meta's.
+    HeldWarnings from_meta;
+    HeldWarnings from_probe;
     bool probed = false;
     {
-      c10::WarningUtils::WarningHandlerGuard held(&warnings);
+      c10::WarningUtils::WarningHandlerGuard held(&from_meta);
       try {
         fresh = infer(op, std::move(margs), full);
       } catch (const c10::NotImplementedError& e) {
         if (!no_meta_kernel(e)) throw;
-        fresh = infer_without_meta(op, args, cpu_as_meta);  // the CPU run checked the dtypes too
+        // The CPU run checked the dtypes too, and warned as eager does.
+        fresh = infer_without_meta(op, args, cpu_as_meta, from_probe);
         probed = true;
       }
-      // The call's warnings come once: from Meta, or else from the probe.
-      if (!probed) probe_errors(op, args, fresh, /*quiet=*/!warnings.held.empty());
     }
+    const bool exact = probed || probe_errors(op, args, fresh, from_probe);
+    // An out= tensor's resize warning is eager's at every call with these
+    // sizes: it goes with the cached result. Others make the call uncached
+    // (the next call warns again, as eager does for a uint8 mask's
+    // deprecation, or not, for a kernel that warns once).
+    for (auto& w : (exact ? from_probe : from_meta).held)
+      (is_resize_warning(w) ? fresh.resize_warnings : warnings.held).push_back(std::move(w));
     const OpInfo& info = op_info(op);
     if (info.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (info.contiguous_result ||
@@ -874,8 +907,6 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       follow_input_layout(args, fresh);
     }
     keep_out_layouts(schema, full, fresh);
-    // A call that warned is not cached: the next one warns again, as eager
-    // does (a uint8 mask's deprecation), or not, for a kernel that warns once.
     if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
@@ -1039,6 +1070,8 @@ void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, 
 
 } // namespace
 
+bool inferring_results() { return inferring; }
+
 // The phases: the call's signature (the cache key), what it returns and
 // writes (infer_call), the node and its inputs (node_for), its outputs
 // (outputs_of), then, once the node is complete and hashed, the commit and
@@ -1084,6 +1117,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   node->where = caller_location();
   node->hash();  // memoized now, on the recording thread, not at the sync
   warnings.release();
+  for (const auto& w : mr.resize_warnings) c10::warn(w);
 
   commit(call, mr, node, o);
   if (!node->outputs.empty()) runtime::counters().ops_captured++;

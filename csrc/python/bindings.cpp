@@ -2,6 +2,7 @@
 #include <torch_mgpu/mgpu.h>
 
 #include "backend/backend.h"
+#include "capture/capture.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
 #include "capture/state_lock.h"
@@ -14,6 +15,9 @@
 #include "runtime/lanes.h"
 
 #include <algorithm>
+
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_resize_output.h>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -187,6 +191,17 @@ PYBIND11_MODULE(_C, m) {
   // Errors raised at a sync name the Python line that recorded the op;
   // frames in these directories (torch's, torch_mgpu's) are passed over.
   m.def("_install_caller", &torch_mgpu::python::install_caller);
+  // A Python Meta kernel's out= resize check while mgpu infers a call:
+  // ATen's own (its text; held with the call's warnings). None elsewhere.
+  m.def("_resize_output_check", [](const at::Tensor& out, std::vector<int64_t> shape) -> py::object {
+    if (!torch_mgpu::capture::inferring_results()) return py::none();
+    return py::bool_(at::native::resize_output_check(out, shape));
+  });
+  m.def("_resize_output", [](const at::Tensor& out, std::vector<int64_t> shape, c10::Device device) {
+    if (!torch_mgpu::capture::inferring_results()) return false;
+    at::_resize_output_(out, shape, device);
+    return true;
+  });
   torch_mgpu::python::bind_tiers(m);
   m.def("synchronize", &torch_mgpu::synchronize, nogil());
   m.def("pending_ops", &torch_mgpu::pending_ops, nogil());
