@@ -12,6 +12,7 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py --transposed     # each sample's tensors laid out column-major
     python test/opinfo_harness.py --dtype int64    # the samples of another dtype
     python test/opinfo_harness.py --grad           # gradients: backward through each sample
+    python test/opinfo_harness.py --inplace        # the ops' in-place variants (x.add_(y))
 
 A result matches when its values do and its layout does: the strides of
 every dimension longer than one are eager's (a later `view` succeeds or
@@ -42,7 +43,7 @@ RANDOM_OPS = {
 
 
 LABELS = {"": "", "noncontiguous": " (non-contiguous inputs)", "transposed": " (column-major inputs)",
-          "grad": " (gradients)"}
+          "grad": " (gradients)", "inplace": " (in-place variants)"}
 
 
 def op_key(op):
@@ -79,6 +80,10 @@ def worker(names, mode="", dtype_name="float32"):
                 res["skipped"] = f"no {dtype_name} backward on cpu"
                 print(json.dumps(res), flush=True)
                 continue
+            if mode == "inplace" and op.inplace_variant is None:
+                res["skipped"] = "no in-place variant"
+                print(json.dumps(res), flush=True)
+                continue
             samples = list(op.sample_inputs("cpu", dtype, requires_grad=mode == "grad"))
         except Exception as e:  # the database itself failed for this op
             res["skipped"] = f"sample generation failed: {type(e).__name__}"
@@ -107,15 +112,25 @@ def worker(names, mode="", dtype_name="float32"):
             # max_norm renormalizes the weight in place) must not hand mgpu
             # what eager left.
             moved = sample.transform(lambda t: to_mgpu(t) if isinstance(t, torch.Tensor) else t)
+            fn = op
+            if mode == "inplace":
+                # The written input comes back as the result, so compares too.
+                fn = op.inplace_variant
+                if isinstance(sample.input, torch.Tensor):
+                    sample.input = to_mgpu(sample.input, "cpu")
             torch.manual_seed(0)
             try:
-                expected = op(sample.input, *sample.args, **sample.kwargs)
+                expected = fn(sample.input, *sample.args, **sample.kwargs)
             except Exception:
                 res["cpu_error"] += 1
                 continue
+            if mode == "inplace":
+                expected = (expected, sample.input)
             try:
                 torch.manual_seed(0)
-                on_device = op(moved.input, *moved.args, **moved.kwargs)
+                on_device = fn(moved.input, *moved.args, **moved.kwargs)
+                if mode == "inplace":
+                    on_device = (on_device, moved.input)
                 got = tree_to_cpu(on_device)
             except Exception as e:
                 res["error"] += 1
@@ -183,18 +198,19 @@ def compare_gradients(op, sample, random):
         return "mismatch", f"mismatch: {str(e).splitlines()[0][:200]}"
 
 
-def to_mgpu(t):
-    """`t` on mgpu with the same storage layout: its whole storage moved and
-    the same view taken of it, so that storage-level ops (as_strided of a
-    partial view, of a non-contiguous input) see what they see on CPU.
-    `.to()` alone copies only the view, compactly, on any device."""
+def to_mgpu(t, device="mgpu"):
+    """`t` on mgpu (or a copy on `device`) with the same storage layout: its
+    whole storage copied and the same view taken of it, so that
+    storage-level ops (as_strided of a partial view, of a non-contiguous
+    input) see what they see on CPU. `.to()` alone copies only the view,
+    compactly, on any device."""
     import torch
 
     if t.layout != torch.strided or t.is_conj() or t.is_neg() or t.requires_grad or t.numel() == 0:
-        return t.to("mgpu")
+        return t.to(device, copy=True)
     st = t.untyped_storage()
     whole = torch.empty(0, dtype=t.dtype).set_(st, 0, (st.nbytes() // t.element_size(),), (1,))
-    return whole.to("mgpu").as_strided(t.shape, t.stride(), t.storage_offset())
+    return whole.to(device, copy=True).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def tree_to_cpu(x):
@@ -335,8 +351,10 @@ def main():
     ap.add_argument("--transposed", action="store_true", help="every sample's tensors laid out column-major")
     ap.add_argument("--dtype", default="float32", help="the samples' dtype (a torch attribute: float64, int64, ...)")
     ap.add_argument("--grad", action="store_true", help="gradients of every sample's leaves, by backward")
+    ap.add_argument("--inplace", action="store_true", help="the in-place variants (x.add_(y)) of the ops with one")
     a = ap.parse_args()
-    mode = "noncontiguous" if a.noncontiguous else "transposed" if a.transposed else "grad" if a.grad else ""
+    mode = ("noncontiguous" if a.noncontiguous else "transposed" if a.transposed else "grad" if a.grad else
+            "inplace" if a.inplace else "")
     if a.worker:
         worker(a.worker.split(","), mode, a.dtype)
         return 0

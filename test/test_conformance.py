@@ -652,3 +652,15 @@ def test_resize_warnings_of_meta_tensors_are_pytorchs():
         torch.angle(torch.randn(20, device="meta"), out=torch.empty(23, device="meta"))
     assert out.shape == (20,)
     assert sum(RESIZED in str(e.message) for e in w) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.float32])
+def test_conj_physical_in_place(dtype):
+    # Its only kernel is a composite that calls the device's DispatchStub:
+    # there was none for mgpu (an internal assert).
+    x = torch.randn(4, 4, dtype=dtype)
+    for make in (lambda t: t.clone(), lambda t: t.conj_physical().conj() if t.is_complex() else t.clone()):
+        expected, got = make(x), make(x.to("mgpu"))
+        r_expected, r_got = torch.conj_physical_(expected), torch.conj_physical_(got)
+        assert r_got is got and r_got.is_conj() == r_expected.is_conj()
+        assert_same(got, expected)

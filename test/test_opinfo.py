@@ -48,6 +48,13 @@ def test_opinfo_conformance_other_dtypes(tmp_path, dtype, mode):
     run_harness(tmp_path / f"opinfo_report_{dtype}.txt", every, 0.99, "--dtype", dtype, *([mode] if mode else []))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test_opinfo_conformance_inplace(tmp_path, dtype):
+    # Every op's in-place variant (x.sin_(), x.conj_physical_()): the written
+    # input and the result. Every one passes (a few seconds): none may fail.
+    run_harness(tmp_path / f"opinfo_report_inplace_{dtype}.txt", "1", 1.0, "--inplace", "--dtype", dtype)
+
+
 def test_opinfo_conformance_gradients(tmp_path):
     # Backward through each sample (a third of the ops; `--grad` runs them
     # all): the gradients of its leaves under the same random output weights.

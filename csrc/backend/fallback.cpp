@@ -105,7 +105,10 @@ struct DirectKernels {
     // that only raises: record the op itself and run CPU's kernel.
     // mode's out= variant is composite, and refuses devices other than
     // CPU, CUDA and XPU by name: record mode.values itself (CPU has it).
-    for (const char* name : {"convolution", "convolution_backward", "mode.values"})
+    // conj_physical_ (complex tensors) has only a composite kernel, which
+    // calls the device's own DispatchStub: there is none for mgpu; record it
+    // (Meta has it), and the lanes run the composite on their devices.
+    for (const char* name : {"convolution", "convolution_backward", "mode.values", "conj_physical_"})
       lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
