@@ -664,3 +664,50 @@ def test_conj_physical_in_place(dtype):
         r_expected, r_got = torch.conj_physical_(expected), torch.conj_physical_(got)
         assert r_got is got and r_got.is_conj() == r_expected.is_conj()
         assert_same(got, expected)
+
+
+class _Wrapper(torch.Tensor):
+    # A data-less wrapper subclass, as torch.testing's composite compliance
+    # check and tensor subclasses make them.
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.size(), dtype=elem.dtype, device=elem.device,
+                                                   strides=elem.stride(), storage_offset=elem.storage_offset())
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise AssertionError("not reached under no_dispatch")
+
+
+VIEWS = {"view": lambda t: t.view(2, 6), "unsqueeze": lambda t: t.unsqueeze(0), "t": lambda t: t.t(),
+         "alias": torch.ops.aten.alias.default, "expand": lambda t: t[:1].expand(5, 4, 3),
+         "select": lambda t: t[1], "as_strided": lambda t: t.as_strided((3, 2), (1, 3), 1),
+         "transpose": lambda t: t.transpose(0, 1), "view_dtype": lambda t: t.view(torch.int32)}
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_views_of_a_wrapper_subclass_under_no_dispatch(name):
+    # Views touch no bytes: CPU takes them of a wrapper's data-less storage,
+    # and so does mgpu (it refused: "this storage was not made by mgpu").
+    from torch.utils._mode_utils import no_dispatch
+
+    shapes = {}
+    for device in ("cpu", "mgpu"):
+        w = _Wrapper(torch.randn(4, 3, device=device))
+        with no_dispatch():
+            r = VIEWS[name](w)
+            shapes[device] = (r.shape, r.stride(), r.storage_offset(), r.dtype)
+            assert r.untyped_storage().nbytes() == w.untyped_storage().nbytes()
+        assert r.device.type == device
+    assert shapes["mgpu"] == shapes["cpu"]
+
+
+def test_a_wrapper_subclass_under_no_dispatch_refuses_what_reads_its_bytes():
+    from torch.utils._mode_utils import no_dispatch
+
+    w = _Wrapper(torch.randn(4, 3, device="mgpu"))
+    with no_dispatch():
+        with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
+            w.as_strided((13,), (1,))  # CPU's error
+        with pytest.raises(NotImplementedError, match="this storage was not made by mgpu"):
+            w + 1  # CPU reads the null data pointer

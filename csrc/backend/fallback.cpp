@@ -4,6 +4,7 @@
 // or TORCH_MGPU_SYNC=op asks, else start a background flight when due), and
 // the registrations that send ops to it.
 #include "backend/backend.h"
+#include "capture/arguments.h"
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "ir/call_state.h"
@@ -37,6 +38,17 @@ bool sync_each_op() {
   return on;
 }
 
+// Whether the call has an mgpu tensor over a storage mgpu did not make (a
+// wrapper subclass's, under no_dispatch): it cannot run eagerly either.
+bool has_foreign_storage(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  bool found = false;
+  for (const auto& v : torch::jit::last(stack, op.schema().arguments().size()))
+    capture::for_each_tensor(v, [&](const at::Tensor& t) {
+      found = found || (capture::is_mgpu(t) && t.has_storage() && !capture::is_lazy_storage(t.storage()));
+    });
+  return found;
+}
+
 // The settings the pending ops were called with (guarded by the state lock).
 ir::CallState& pending_state() {
   static ir::CallState s;
@@ -66,7 +78,9 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     background_safe = capture::record(op, stack, cpu_as_meta, state);
   } catch (const std::exception&) {
     // No Meta kernel, or the Meta kernel refused the call: run it now on
-    // CPU, which either computes it or raises exactly eager's error.
+    // CPU, which either computes it or raises exactly eager's error. Over a
+    // storage mgpu did not make it cannot: the recording's error is the call's.
+    if (has_foreign_storage(op, *stack)) throw;
     eager_fallback(op, stack);
     return;
   }

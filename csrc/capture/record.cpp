@@ -913,6 +913,24 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   return *cached;
 }
 
+// A call whose results are all views of its storages, which it does not
+// write (view, unsqueeze, as_strided, expand).
+bool only_views(const Call& call, const MetaResult& mr) {
+  if (!call.mutated_slots.empty() || mr.tensors.empty()) return false;
+  for (const auto& t : mr.tensors)
+    if (!t.defined || t.alias < 0) return false;
+  return true;
+}
+
+// An input whose computation failed is refused at the call, naming it. A
+// storage mgpu did not make is refused (buffer_of) unless only viewed.
+void check_has_value(const c10::Storage& s, std::string_view op_name, bool only_viewed) {
+  if (only_viewed && !is_lazy_storage(s)) return;
+  const auto& v = buffer_of(s)->value;
+  if (v.node && v.node->kind == ir::NodeKind::Error)
+    TORCH_CHECK(false, "mgpu: an input of ", op_name, " has no value: ", v.node->error);
+}
+
 // Phase 2. The node and what it reads: the current version of each storage
 // it touches, its arguments as a template (tensors name an operand and a
 // geometry; host tensors are snapshotted; generators become seeded ones).
@@ -930,10 +948,8 @@ std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<
   node->args.reserve(nargs);
   node->outputs.reserve(mr.tensors.size() + call.mutated_slots.size());
   for (const auto& s : call.storages) {
-    const auto& v = buffer_of(s)->value;
-    if (v.node && v.node->kind == ir::NodeKind::Error)
-      TORCH_CHECK(false, "mgpu: an input of ", node->name, " has no value: ", v.node->error);
-    node->operands.push_back(v);
+    check_has_value(s, node->name, /*only_viewed=*/false);
+    node->operands.push_back(buffer_of(s)->value);
   }
   NodeBuilder nb{call, *node, {}};
   bool random = info.random;
@@ -1103,8 +1119,19 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   MetaResult fresh;
   HeldWarnings warnings;
   const MetaResult& mr = infer_call(op, args, call, fresh, warnings);
-  auto node = node_for(op, args, call, mr);
   const OpInfo& info = op_info(op);
+  if (only_views(call, mr)) {
+    // Views of the call's storages, nothing computed or written: no node.
+    // The storages' bytes are not touched, so a storage mgpu did not make
+    // takes views as on the CPU (a wrapper subclass's, under no_dispatch).
+    for (const auto& s : call.storages) check_has_value(s, info.name, /*only_viewed=*/true);
+    Outputs o = outputs_of(call, mr, nullptr, false);
+    warnings.release();
+    for (const auto& w : mr.resize_warnings) c10::warn(w);
+    push_results(stack, nargs, mr, o.results);
+    return info.aten;
+  }
+  auto node = node_for(op, args, call, mr);
   // torch.empty's bytes are an Empty value, allocated where first read,
   // unless deterministic mode fills uninitialized memory: then the kernel
   // runs (under the call's settings) and fills them, as eager's does.
