@@ -197,3 +197,31 @@ def test_an_out_tensor_of_another_dtype_is_refused_at_the_call(case):
     got = torch.empty(3, 2, device="mgpu")
     case(Am, Bm, got)
     assert torch.allclose(got.cpu(), want, atol=1e-5), (got.cpu(), want)
+
+
+EMPTY_OUT = {
+    "geqrf": lambda d: torch.geqrf(torch.randn(0, 5, 5, device=d),
+                                   out=(torch.empty(0, 5, 5, device=d), torch.empty(0, 5, device=d))),
+    "cholesky_inverse": lambda d: torch.cholesky_inverse(torch.randn(0, 2, 2, device=d),
+                                                         out=torch.empty(0, 2, 2, device=d)),
+    "ormqr": lambda d: torch.ormqr(torch.randn(0, 3, 3, device=d), torch.randn(0, 3, device=d),
+                                   torch.randn(0, 3, 2, device=d), out=torch.empty(0, 3, 2, device=d)),
+    "triangular_solve": lambda d: torch.triangular_solve(
+        torch.randn(0, 3, 2, device=d), torch.randn(0, 3, 3, device=d),
+        out=(torch.empty(0, 3, 2, device=d), torch.empty(0, 3, 3, device=d))),
+    "linalg_solve": lambda d: torch.linalg.solve(torch.randn(0, 3, 3, device=d), torch.randn(0, 3, 2, device=d),
+                                                 out=torch.empty(0, 3, 2, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_OUT))
+def test_an_empty_out_tensor_is_laid_out_as_eager_lays_it_out(name):
+    # LAPACK kernels restride an empty out= tensor of the right shape to
+    # column-major; mgpu kept the given strides (found by test_ops' test_out).
+    strides = {}
+    for device in ("cpu", "mgpu"):
+        out = EMPTY_OUT[name](device)
+        outs = out if isinstance(out, tuple) else (out,)
+        torch_mgpu.synchronize()
+        strides[device] = [o.stride() for o in outs]
+    assert strides["mgpu"] == strides["cpu"]

@@ -891,6 +891,10 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
         probed = true;
       }
     }
+    // Meta's out= layouts give way to the given ones first, then to what
+    // the CPU kernel did where the probe ran it over the call's layouts
+    // (linalg kernels restride an empty out= tensor to column-major).
+    if (!probed) keep_out_layouts(schema, full, fresh);
     const bool exact = probed || probe_errors(op, args, fresh, from_probe);
     // An out= tensor's resize warning is eager's at every call with these
     // sizes: it goes with the cached result. Others make the call uncached
@@ -906,7 +910,6 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     } else if (op.hasTag(at::Tag::pointwise)) {
       follow_input_layout(args, fresh);
     }
-    keep_out_layouts(schema, full, fresh);
     if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key.bytes, fresh);
     cached = &fresh;
   }
