@@ -689,6 +689,7 @@ VIEWS = {"view": lambda t: t.view(2, 6), "unsqueeze": lambda t: t.unsqueeze(0), 
 def test_views_of_a_wrapper_subclass_under_no_dispatch(name):
     # Views touch no bytes: CPU takes them of a wrapper's data-less storage,
     # and so does mgpu (it refused: "this storage was not made by mgpu").
+    # PyTorch's composite compliance check then sets a wrapper to the view.
     from torch.utils._mode_utils import no_dispatch
 
     shapes = {}
@@ -698,6 +699,9 @@ def test_views_of_a_wrapper_subclass_under_no_dispatch(name):
             r = VIEWS[name](w)
             shapes[device] = (r.shape, r.stride(), r.storage_offset(), r.dtype)
             assert r.untyped_storage().nbytes() == w.untyped_storage().nbytes()
+            other = _Wrapper(torch.randn(2, device=device).to(r.dtype))
+            other.set_(r)
+            assert (other.shape, other.stride(), other.storage_offset()) == shapes[device][:3]
         assert r.device.type == device
     assert shapes["mgpu"] == shapes["cpu"]
 

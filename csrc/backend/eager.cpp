@@ -177,7 +177,11 @@ void check_mgpu_storage(const at::Tensor& self, const c10::Storage& source) {
   TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
               "Attempted to set the storage of a tensor on device \"", self.device(),
               "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the devices must match.");
-  (void)capture::buffer_of(source);  // refuses a storage mgpu did not make (a slice of one), by name
+  // A data-less storage (a wrapper subclass's, which views of one share
+  // under no_dispatch) has no bytes to misread: reading it raises. Bytes
+  // mgpu did not make (a slice of an untyped storage) are refused here, by name.
+  if (!capture::is_lazy_storage(source) && source.data_ptr().get() == nullptr) return;
+  (void)capture::buffer_of(source);
 }
 
 // A copy-on-write clone is a clone here: mgpu's values are versions already
