@@ -11,6 +11,12 @@
 #include <atomic>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/library.h>
@@ -162,6 +168,17 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", &has_compatible_shallow_copy_type);
+  // Views are metadata: ATen's own view kernels (the CPU's and Meta's) make
+  // a TensorImpl over the same storage with eager's checks and errors, with
+  // no recording (no signature, Meta run or lock: a view costs what it costs
+  // on the CPU). transpose, unsqueeze, select, slice, expand, permute... are
+  // composites that end in as_strided.
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
 }
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, MgpuGuardImpl);

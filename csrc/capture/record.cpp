@@ -738,6 +738,15 @@ void keep_out_layouts(const c10::FunctionSchema& schema, const Call& call, MetaR
   }
 }
 
+// Whether the call changes the sizes of one of its out= tensors.
+bool resizes_an_out(const c10::FunctionSchema& schema, const Call& call, const MetaResult& r) {
+  for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k)
+    if (schema.arguments()[call.mutated_at[k].first].is_out() &&
+        r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes)
+      return true;
+  return false;
+}
+
 bool makes_sparse(const std::string& name) {
   for (const char* prefix : {"aten::to_sparse", "aten::_to_sparse", "aten::sparse_", "aten::_sparse_"})
     if (name.rfind(prefix, 0) == 0) return true;
@@ -900,8 +909,14 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     // sizes: it goes with the cached result. Others make the call uncached
     // (the next call warns again, as eager does for a uint8 mask's
     // deprecation, or not, for a kernel that warns once).
-    for (auto& w : (exact ? from_probe : from_meta).held)
-      (is_resize_warning(w) ? fresh.resize_warnings : warnings.held).push_back(std::move(w));
+    // Meta's resize warning stands only where an out= tensor's sizes change:
+    // arange into an out= tensor of its numel keeps the tensor's shape, and
+    // eager does not warn (Meta's kernel makes it one-dimensional).
+    const bool resized = exact || resizes_an_out(schema, full, fresh);
+    for (auto& w : (exact ? from_probe : from_meta).held) {
+      if (!is_resize_warning(w)) warnings.held.push_back(std::move(w));
+      else if (resized) fresh.resize_warnings.push_back(std::move(w));
+    }
     const OpInfo& info = op_info(op);
     if (info.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (info.contiguous_result ||
