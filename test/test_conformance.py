@@ -4,6 +4,7 @@ layouts (a kernel that keeps its input's strides where Meta promised
 contiguous ones), out= tensors that are views, result dtypes, complex
 scalars, quantized tensors, batch norm's eval outputs, overlap checks,
 TorchScript, deprecation warnings at the call."""
+import os
 import warnings
 
 import pytest
@@ -648,14 +649,33 @@ def test_an_out_tensor_resized_warns_as_eager_does_at_every_call(name):
 
 
 def test_resize_warnings_of_meta_tensors_are_pytorchs():
-    # Outside mgpu's inference the Python Meta kernels warn as they did.
+    # Outside mgpu's inference the Python Meta kernels warn as they did, from
+    # the lines they named (the wrappers add no Python frame).
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         out = torch.empty(23, device="meta")
         torch.exp(torch.randn(20, device="meta"), out=out)
         torch.angle(torch.randn(20, device="meta"), out=torch.empty(23, device="meta"))
+        torch.linalg.solve_triangular(torch.eye(3, device="meta"), torch.ones(3, 2, device="meta"), upper=True,
+                                      out=torch.empty(5, device="meta"))
     assert out.shape == (20,)
-    assert sum(RESIZED in str(e.message) for e in w) == 2
+    resized = [e for e in w if RESIZED in str(e.message)]
+    assert len(resized) == 3
+    assert all(os.sep + "torch" + os.sep in e.filename for e in resized), [e.filename for e in resized]
+
+
+def test_symbolic_tracing_of_an_out_call_keeps_its_sizes_symbolic():
+    # The wrappers hand symbolic sizes to PyTorch's own check untouched
+    # (they were made ints: the trace specialized to the example's sizes).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b, out):
+        return torch.ops.aten.linalg_solve_triangular.out(a, b, upper=True, out=out)
+
+    a, b = torch.eye(4) + torch.triu(torch.rand(4, 4)), torch.randn(4, 3)
+    gm = make_fx(f, tracing_mode="symbolic")(a, b, torch.empty(0))
+    shapes = [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"]
+    assert not any(isinstance(d, int) for d in shapes[0]) and not gm.shape_env.guards
 
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.float32])
@@ -719,3 +739,21 @@ def test_a_wrapper_subclass_under_no_dispatch_refuses_what_reads_its_bytes():
             w.as_strided((13,), (1,))  # CPU's error
         with pytest.raises(NotImplementedError, match="this storage was not made by mgpu"):
             w + 1  # CPU reads the null data pointer
+
+
+def test_a_warning_given_once_per_process_before_the_probe_raises_is_the_calls():
+    # cholesky's CPU kernel warns once per process (deprecated), then raises
+    # on the probe's zeros (singular): the warning was spent and dropped.
+    import subprocess
+    import sys
+
+    script = ("import sys, warnings, torch, torch_mgpu\n"
+              "with warnings.catch_warnings(record=True) as w:\n"
+              "    warnings.simplefilter('always')\n"
+              "    for _ in range(2):\n"
+              "        torch.cholesky((torch.eye(3) * 2).to(sys.argv[1])).cpu()\n"
+              "print([str(m.message).splitlines()[0] for m in w])\n")
+    out = {d: subprocess.run([sys.executable, "-c", script, d], capture_output=True, text=True, check=True).stdout
+           for d in ("cpu", "mgpu")}
+    assert "torch.cholesky is deprecated" in out["cpu"]
+    assert out["mgpu"] == out["cpu"]

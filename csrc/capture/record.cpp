@@ -78,6 +78,16 @@ struct HeldWarnings : c10::WarningHandler {
     for (const auto& w : held) c10::warn(w);
     held.clear();
   }
+  // A full run's warnings replace a run's that raised half-way, keeping
+  // those only the first gave (a warning given once per process).
+  void take_over(HeldWarnings&& full) {
+    for (auto& w : held) {
+      bool again = false;
+      for (const auto& f : full.held) again = again || f.msg() == w.msg();
+      if (!again) full.held.push_back(std::move(w));
+    }
+    held = std::move(full.held);
+  }
 };
 
 // ATen's warning for an out= tensor with elements that a call resizes
@@ -646,7 +656,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
         if (message_of(again).find("singular") != std::string::npos) return false;
         throw;
       }
-      warned.held = std::move(on_identities.held);
+      warned.take_over(std::move(on_identities));
       return true;
     }
     std::exception_ptr on_zeros = std::current_exception();
@@ -656,7 +666,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     } catch (const std::exception&) {
       std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
     }
-    warned.held = std::move(on_ones.held);
+    warned.take_over(std::move(on_ones));
     return true;
   }
   return false;
@@ -917,6 +927,11 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
       if (!is_resize_warning(w)) warnings.held.push_back(std::move(w));
       else if (resized) fresh.resize_warnings.push_back(std::move(w));
     }
+    // A probe that raised half-way (a singular matrix of zeros) may have
+    // given a warning once per process: it is the call's, unless Meta warned.
+    if (!exact && warnings.held.empty())
+      for (auto& w : from_probe.held)
+        if (!is_resize_warning(w)) warnings.held.push_back(std::move(w));
     const OpInfo& info = op_info(op);
     if (info.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (info.contiguous_result ||

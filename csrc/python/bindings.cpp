@@ -191,16 +191,30 @@ PYBIND11_MODULE(_C, m) {
   // Errors raised at a sync name the Python line that recorded the op;
   // frames in these directories (torch's, torch_mgpu's) are passed over.
   m.def("_install_caller", &torch_mgpu::python::install_caller);
-  // A Python Meta kernel's out= resize check while mgpu infers a call:
-  // ATen's own (its text; held with the call's warnings). None elsewhere.
-  m.def("_resize_output_check", [](const at::Tensor& out, std::vector<int64_t> shape) -> py::object {
-    if (!torch_mgpu::capture::inferring_results()) return py::none();
-    return py::bool_(at::native::resize_output_check(out, shape));
+  // PyTorch's Python Meta kernels check an out= tensor's resize in Python
+  // and warn at once, in their own words (torch/_prims_common/wrappers.py;
+  // torch._resize_output_ hands ATen's warning to Python on return). While
+  // mgpu infers a call, these wrappers run ATen's check instead, its warning
+  // held with the call's (torch_mgpu/_meta_warnings.py installs them).
+  // Elsewhere the original is called as it was: same arguments (symbolic
+  // sizes stay symbolic), and no Python frame of ours, so a warning's
+  // stacklevel names the line it named.
+  m.def("_wrap_resize_output_check", [](py::function check) {
+    return py::cpp_function([check](py::args args, py::kwargs kwargs) -> py::object {
+      if (!torch_mgpu::capture::inferring_results() || args.size() != 2 || !kwargs.empty())
+        return check(*args, **kwargs);
+      return py::bool_(at::native::resize_output_check(py::cast<at::Tensor>(args[0]),
+                                                       py::cast<std::vector<int64_t>>(args[1])));
+    });
   });
-  m.def("_resize_output", [](const at::Tensor& out, std::vector<int64_t> shape, c10::Device device) {
-    if (!torch_mgpu::capture::inferring_results()) return false;
-    at::_resize_output_(out, shape, device);
-    return true;
+  m.def("_wrap_resize_output_", [](py::function resize) {
+    return py::cpp_function([resize](py::args args, py::kwargs kwargs) -> py::object {
+      if (!torch_mgpu::capture::inferring_results() || args.size() != 3 || !kwargs.empty())
+        return resize(*args, **kwargs);
+      at::_resize_output_(py::cast<at::Tensor>(args[0]), py::cast<std::vector<int64_t>>(args[1]),
+                          py::cast<c10::Device>(args[2]));
+      return args[0];
+    });
   });
   torch_mgpu::python::bind_tiers(m);
   m.def("synchronize", &torch_mgpu::synchronize, nogil());
