@@ -58,7 +58,7 @@ ir::CallState& pending_state() {
 
 void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
   capture::StateLock lock;
-  capture::prepare_call(op, stack);
+  const capture::OpInfo& info = capture::prepare_call(op, stack);
   const bool sync_now = sync_each_op();
   // A graph runs under one set of settings, those its ops were called with:
   // where the program changed them (torch.set_default_dtype, ...) with ops
@@ -68,14 +68,14 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     if (ir::pending_op_count() > 0) engine::sync_all();
     pending_state() = state;
   }
-  if (capture::runs_eagerly(op)) {
+  if (capture::runs_eagerly(info)) {
     eager_fallback(op, stack);
     return;
   }
-  if (!cpu_as_meta) capture::check_same_device(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
   bool background_safe = false;
   try {
-    background_safe = capture::record(op, stack, cpu_as_meta, state);
+    background_safe = capture::record(info, op, stack, cpu_as_meta, state);
   } catch (const std::exception&) {
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error. Over a

@@ -10,24 +10,30 @@
 
 namespace torch_mgpu::capture {
 
+// What recording asks of an operator, worked out once per operator
+// (record.cpp); a call looks it up once, in prepare_call, and hands it on.
+struct OpInfo;
+
 // The call's arguments as recording needs them (typed tensor lists, the
 // dims a reduction means), and the refusals that need no inference (sparse
-// and quantized tensors). Under the state lock.
-void prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// and quantized tensors). Under the state lock. Returns the op's OpInfo.
+const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Whether `op` always runs eagerly (no Meta kernel, data-dependent output
+// Whether the op always runs eagerly (no Meta kernel, data-dependent output
 // shapes, non-tensor results).
-bool runs_eagerly(const c10::OperatorHandle& op);
+bool runs_eagerly(const OpInfo& info);
 
 // Eager's rule: host tensors beside mgpu tensors only as 0-dim scalars.
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 // Records the call as a node (the results replace the arguments on the
 // stack), or raises what eager raises at the call and records nothing.
 // `cpu_as_meta` lets whole CPU tensors in (copies from the host). Returns
 // whether the node may run on the background worker. `state` is the call's
 // settings (ir::current_call_state(), read once per call). Under the state lock.
-bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta, const ir::CallState& state);
+bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
+            const ir::CallState& state);
 
 // Whether this thread is running a call's Meta kernel for record(): a
 // Python Meta kernel's out= resize check then warns as ATen does

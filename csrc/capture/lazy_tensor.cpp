@@ -62,7 +62,9 @@ struct LazyAllocator final : c10::DeviceAllocator {
   }
   // Device index: storages are created through new_storage, which fixes it.
   static c10::DataPtr adopt(LazyBuffer* b) {
-    {
+    if (holds_state_lock()) {
+      link(b);  // a recorded call's results
+    } else {
       StateLock lock;
       link(b);
     }

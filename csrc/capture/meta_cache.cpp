@@ -1,14 +1,21 @@
 #include "capture/meta_cache.h"
 #include "ir/partition.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
 namespace torch_mgpu::capture {
 
 namespace {
+struct Entry {
+  std::vector<int64_t> key;
+  MetaResult result;
+};
+// By the key's hash; entries whose keys collide are told apart by their
+// words. Node-based: a found result stays put while others are added.
 struct Cache {
-  std::unordered_map<std::string, MetaResult> map;
+  std::unordered_multimap<uint64_t, Entry> map;
 };
 Cache& cache() {
   static auto* c = new Cache();
@@ -18,13 +25,21 @@ constexpr size_t kMaxEntries = 1 << 16;
 } // namespace
 
 void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
-  // Sizes and strides go in whole: the key is built on every recorded call.
-  const int64_t head[2] = {static_cast<int64_t>(g.dtype), static_cast<int64_t>(g.sizes.size())};
-  const int64_t tail[2] = {g.offset, static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg)};
-  bytes.append(reinterpret_cast<const char*>(head), sizeof head);
-  bytes.append(reinterpret_cast<const char*>(g.sizes.data()), g.sizes.size() * sizeof(int64_t));
-  bytes.append(reinterpret_cast<const char*>(g.strides.data()), g.strides.size() * sizeof(int64_t));
-  bytes.append(reinterpret_cast<const char*>(tail), sizeof tail);
+  add(static_cast<int64_t>(g.dtype));
+  add(static_cast<int64_t>(g.sizes.size()));
+  words.append(g.sizes.begin(), g.sizes.end());
+  words.append(g.strides.begin(), g.strides.end());
+  add(g.offset);
+  add(static_cast<int64_t>(g.conj) * 2 + static_cast<int64_t>(g.neg));
+}
+
+uint64_t SignatureKey::hash() const {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ words.size();
+  for (int64_t w : words) {
+    h = (h ^ static_cast<uint64_t>(w)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  return h;
 }
 
 void SignatureKey::add_ivalue(const c10::IValue& v) {
@@ -44,8 +59,13 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
     add(bits);
   } else if (v.isString()) {
     add(5);
-    add(static_cast<int64_t>(v.toStringRef().size()));
-    bytes += v.toStringRef();
+    const auto& str = v.toStringRef();
+    add(static_cast<int64_t>(str.size()));
+    for (size_t i = 0; i < str.size(); i += sizeof(int64_t)) {
+      int64_t w = 0;
+      std::memcpy(&w, str.data() + i, std::min(sizeof w, str.size() - i));
+      add(w);
+    }
   } else if (v.isDevice()) {
     add(6);
     add(static_cast<int64_t>(v.toDevice().type()));
@@ -87,16 +107,19 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
   }
 }
 
-const MetaResult* meta_cache_find(const std::string& key) {
-  auto& c = cache();
-  auto it = c.map.find(key);
-  return it == c.map.end() ? nullptr : &it->second;
+const MetaResult* meta_cache_find(const SignatureKey& key) {
+  auto range = cache().map.equal_range(key.hash());
+  for (auto it = range.first; it != range.second; ++it) {
+    const auto& k = it->second.key;
+    if (k.size() == key.words.size() && std::equal(k.begin(), k.end(), key.words.begin())) return &it->second.result;
+  }
+  return nullptr;
 }
 
-void meta_cache_put(std::string key, MetaResult result) {
+void meta_cache_put(const SignatureKey& key, MetaResult result) {
   auto& c = cache();
   if (c.map.size() >= kMaxEntries) c.map.clear();  // bounded: a shape-churning loop must not grow memory
-  c.map.emplace(std::move(key), std::move(result));
+  c.map.emplace(key.hash(), Entry{std::vector<int64_t>(key.words.begin(), key.words.end()), std::move(result)});
 }
 
 

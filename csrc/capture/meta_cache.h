@@ -5,6 +5,9 @@
 #include "ir/node.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <optional>
 
 #include <string>
 #include <vector>
@@ -33,19 +36,26 @@ struct MetaResult {
   std::vector<size_t> mutated_nbytes;
   // ATen's out= resize warnings, given at each call with this signature.
   std::vector<c10::Warning> resize_warnings;
+  // The hash of the node this signature records, operands aside
+  // (ir::Node::hash_prefix: the op, its constants' classes and geometries,
+  // its outputs: all fixed by the signature), once a call has made it.
+  mutable std::optional<uint64_t> node_hash_prefix;
 };
 
-// Key builder: append the parts of a call's signature.
+// Key builder: append the parts of a call's signature, as 64-bit words.
+// Built on every recorded call: held inline (a call's key is a few dozen
+// words), so building it allocates nothing.
 struct SignatureKey {
-  std::string bytes;
+  c10::SmallVector<int64_t, 64> words;
   bool cacheable = true;
-  void add(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void add(int64_t v) { words.push_back(v); }
   void add_geometry(const ir::TensorGeometry& g);
   void add_ivalue(const c10::IValue& v);
+  uint64_t hash() const;
 };
 
 // `key` starts with the operator (its schema's address), then its arguments.
-const MetaResult* meta_cache_find(const std::string& key);
-void meta_cache_put(std::string key, MetaResult result);
+const MetaResult* meta_cache_find(const SignatureKey& key);
+void meta_cache_put(const SignatureKey& key, MetaResult result);
 
 } // namespace torch_mgpu::capture

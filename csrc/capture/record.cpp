@@ -801,8 +801,11 @@ struct NodeBuilder {
   }
 };
 
+} // namespace
+
 // What the capture hot path asks of an operator, worked out once per
-// operator: its name ("aten::add.Tensor"), and the questions above.
+// operator: its name ("aten::add.Tensor"), and the questions above. A call
+// looks it up once (prepare_call) and hands it on.
 struct OpInfo {
   std::string_view name;
   bool eager = false;          // needs_eager
@@ -820,6 +823,8 @@ struct OpInfo {
   // (refuse_unsupported reads those for quantized and sparse requests).
   std::vector<uint8_t> dtype_or_layout;
 };
+
+namespace {
 const OpInfo& op_info(const c10::OperatorHandle& op) {
   static auto* infos = new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
   const auto& schema = op.schema();
@@ -884,7 +889,7 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   const auto& schema = op.schema();
   const bool cpu_as_meta = call.cpu_as_meta;
   meta_arguments(schema, args, call);
-  const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key.bytes) : nullptr;
+  const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key) : nullptr;
   if (cached) {
     runtime::counters().meta_cache_hits++;
   } else {
@@ -940,7 +945,7 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     } else if (op.hasTag(at::Tag::pointwise)) {
       follow_input_layout(args, fresh);
     }
-    if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key.bytes, fresh);
+    if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key, fresh);
     cached = &fresh;
   }
   return *cached;
@@ -967,12 +972,11 @@ void check_has_value(const c10::Storage& s, std::string_view op_name, bool only_
 // Phase 2. The node and what it reads: the current version of each storage
 // it touches, its arguments as a template (tensors name an operand and a
 // geometry; host tensors are snapshotted; generators become seeded ones).
-std::shared_ptr<ir::Node> node_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Call& call,
-                                   const MetaResult& mr) {
+std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                   Call& call, const MetaResult& mr) {
   const auto& schema = op.schema();
   const size_t nargs = args.size();
   auto node = std::make_shared<ir::Node>();
-  const OpInfo& info = op_info(op);
   node->name = info.name;
   if (!info.aten && nargs > 0)
     if (const auto* p = ir::partition_of(args[0])) node->name = p->name;  // "partition#3[mm, relu; 1 kernel]"
@@ -1125,7 +1129,8 @@ bool inferring_results() { return inferring; }
 // writes (infer_call), the node and its inputs (node_for), its outputs
 // (outputs_of), then, once the node is complete and hashed, the commit and
 // the results. Any phase before the commit may raise: nothing is recorded.
-bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta, const ir::CallState& state) {
+bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
+            const ir::CallState& state) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   // The arguments, in place on the stack until the results replace them.
@@ -1134,14 +1139,6 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   // The signature (and the storages read and written) without Meta twins.
   Call call;
   call.cpu_as_meta = cpu_as_meta;
-  // The key's bytes live in a per-thread buffer, reused call after call.
-  thread_local std::string key_buffer;
-  call.key.bytes.swap(key_buffer);
-  call.key.bytes.clear();
-  struct GiveBack {
-    std::string& key;
-    ~GiveBack() { key_buffer.swap(key); }
-  } give_back{call.key.bytes};
   call.key.add(reinterpret_cast<intptr_t>(&schema));  // the operator, the settings, then its arguments
   // The settings kernels read (Meta's included: the default dtype decides
   // an integer division's result type, a deterministic mode makes some
@@ -1152,7 +1149,6 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
   MetaResult fresh;
   HeldWarnings warnings;
   const MetaResult& mr = infer_call(op, args, call, fresh, warnings);
-  const OpInfo& info = op_info(op);
   if (only_views(call, mr)) {
     // Views of the call's storages, nothing computed or written: no node.
     // The storages' bytes are not touched, so a storage mgpu did not make
@@ -1164,7 +1160,7 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     push_results(stack, nargs, mr, o.results);
     return info.aten;
   }
-  auto node = node_for(op, args, call, mr);
+  auto node = node_for(info, op, args, call, mr);
   // torch.empty's bytes are an Empty value, allocated where first read,
   // unless deterministic mode fills uninitialized memory: then the kernel
   // runs (under the call's settings) and fills them, as eager's does.
@@ -1175,7 +1171,15 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
     node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
   node->state = state;
   node->where = caller_location();
-  node->hash();  // memoized now, on the recording thread, not at the sync
+  // Memoized now, on the recording thread, not at the sync. All but the
+  // operands is fixed by the signature, unless host tensors were
+  // snapshotted (whether two are one tensor is not in the signature).
+  if (node->operands.size() != call.storages.size()) {
+    node->hash();
+  } else {
+    if (!mr.node_hash_prefix) mr.node_hash_prefix = node->hash_prefix();
+    node->hash_from_prefix(*mr.node_hash_prefix);
+  }
   warnings.release();
   for (const auto& w : mr.resize_warnings) c10::warn(w);
 
@@ -1188,9 +1192,13 @@ bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as
 }
 
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  check_same_device(op_info(op), op, args);
+}
+
+void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   // As on CUDA, indexing takes its indices from the host; a host tensor
   // indexed by mgpu indices is refused with CUDA's error.
-  if (op_info(op).host_indices) {
+  if (info.host_indices) {
     if (!args.empty() && args[0].isTensor() && args[0].toTensor().defined() && !is_mgpu(args[0].toTensor())) {
       bool mgpu_index = false;
       for (size_t i = 1; i < args.size(); ++i) mgpu_index = mgpu_index || holds_mgpu(args[i]);
@@ -1257,13 +1265,14 @@ void canonical_dims(const OpInfo& info, const c10::OperatorHandle& op, torch::ji
   }
 }
 
-void prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
   type_tensor_lists(op.schema(), stack);
   canonical_dims(info, op, stack);
   refuse_unsupported(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
+  return info;
 }
 
-bool runs_eagerly(const c10::OperatorHandle& op) { return op_info(op).eager; }
+bool runs_eagerly(const OpInfo& info) { return info.eager; }
 
 } // namespace torch_mgpu::capture

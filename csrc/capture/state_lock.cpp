@@ -49,6 +49,8 @@ void drain_deferred() {
 
 void set_interpreter_lock(const InterpreterLock& hooks) { g_hooks = hooks; }
 
+bool holds_state_lock() { return t_depth > 0; }
+
 StateLock::StateLock() : owns_(true) {
   if (t_depth == 0) interpreter_ = release_interpreter();
   state_mutex().lock();

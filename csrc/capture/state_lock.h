@@ -46,6 +46,9 @@ class StateLock {
   void* interpreter_ = nullptr;  // the interpreter lock let go of at the outermost level
 };
 
+// Whether this thread holds the state lock.
+bool holds_state_lock();
+
 // Lets go of the interpreter lock for a scope if this thread holds it: for a
 // wait on another thread that may need it (a background flight that calls
 // compiled code), from a thread that may hold it under the state lock

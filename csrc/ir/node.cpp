@@ -187,38 +187,45 @@ std::string_view intern(std::string_view s) {
   return *strings->emplace(s).first;
 }
 
-uint64_t Node::hash() const {
-  if (hash_) return *hash_;
+uint64_t Node::hash_prefix() const {
   uint64_t h = hash_bytes(name.data(), name.size());
-  if (kind != NodeKind::Op) {
-    h = hash_combine(h, outputs.empty() ? 0 : outputs[0].nbytes);
-  } else {
-    for (const auto& a : args) {
-      h = hash_combine(h, static_cast<uint64_t>(a.kind));
-      if (a.kind == Arg::Kind::Constant) {
-        h = hash_combine(h, hash_ivalue(a.constant));
-      } else {
-        for (const auto& t : a.tensors) {
-          if (!t) {
-            h = hash_combine(h, 0x77);
-            continue;
-          }
-          h = hash_combine(h, static_cast<uint64_t>(t->operand));
-          h = hash_geometry(h, t->geom);
+  if (kind != NodeKind::Op) return hash_combine(h, outputs.empty() ? 0 : outputs[0].nbytes);
+  for (const auto& a : args) {
+    h = hash_combine(h, static_cast<uint64_t>(a.kind));
+    if (a.kind == Arg::Kind::Constant) {
+      h = hash_combine(h, hash_ivalue(a.constant));
+    } else {
+      for (const auto& t : a.tensors) {
+        if (!t) {
+          h = hash_combine(h, 0x77);
+          continue;
         }
+        h = hash_combine(h, static_cast<uint64_t>(t->operand));
+        h = hash_geometry(h, t->geom);
       }
     }
-    for (const auto& o : outputs) {
-      h = hash_combine(h, o.nbytes);
-      h = hash_combine(h, static_cast<uint64_t>(o.mutated_operand + 1));
-    }
-    // Operand hashes: iterative to survive deep chains.
-    for (const auto& v : operands) {
-      h = hash_combine(h, static_cast<uint64_t>(v.index));
-    }
   }
+  for (const auto& o : outputs) {
+    h = hash_combine(h, o.nbytes);
+    h = hash_combine(h, static_cast<uint64_t>(o.mutated_operand + 1));
+  }
+  return h;
+}
+
+uint64_t Node::hash_from_prefix(uint64_t prefix) const {
+  if (hash_) return *hash_;
+  uint64_t h = prefix;
+  // Which output of its producer each operand is (the producers' own
+  // hashes are the graph hash's: here, iteration would not survive deep chains).
+  if (kind == NodeKind::Op)
+    for (const auto& v : operands) h = hash_combine(h, static_cast<uint64_t>(v.index));
   hash_ = h;
   return h;
+}
+
+uint64_t Node::hash() const {
+  if (hash_) return *hash_;
+  return hash_from_prefix(hash_prefix());
 }
 
 namespace {

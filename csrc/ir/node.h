@@ -123,7 +123,7 @@ struct Node {
   std::optional<c10::OperatorHandle> op;
   // Most ops have a few arguments, operands and outputs: held inline, so
   // that recording an op allocates its node and little else.
-  c10::SmallVector<Arg, 2> args;
+  c10::SmallVector<Arg, 3> args;  // add, sub, where, addcmul...: 3
   // A node holds real references to its operands (the versions it reads).
   // Nothing points back from an operand to its users, so there is no cycle:
   // dropping the last tensor that needs a node frees it (dead-code
@@ -166,6 +166,11 @@ struct Node {
   // materialized data hashes by size only, so a training loop hashes equal
   // from step to step. The graph hash adds the edges. Memoized.
   uint64_t hash() const;
+  // hash() in two parts: everything but the operands (for an op, fixed by
+  // its call's signature: capture keeps it with the signature), then
+  // hash_from_prefix adds the operands and memoizes the whole.
+  uint64_t hash_prefix() const;
+  uint64_t hash_from_prefix(uint64_t prefix) const;
 
  private:
   mutable std::optional<uint64_t> hash_;
