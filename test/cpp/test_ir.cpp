@@ -59,6 +59,25 @@ TEST(Hash, EqualStructureHashesEqual) {
   EXPECT_NE(add1->hash(), add5->hash());
 }
 
+// A node's hash in two parts (capture keeps the first with the call's
+// signature): the same whole, and the operands' output indices only in the
+// second.
+TEST(Hash, PrefixThenOperands) {
+  auto two = std::make_shared<Node>();
+  two->name = intern("aten::split");
+  Output o;
+  o.nbytes = 64;
+  two->outputs.push_back(o);
+  two->outputs.push_back(o);
+  auto first = op("aten::add", {Value{two, 0}, Value{two, 0}});
+  auto second = op("aten::add", {Value{two, 1}, Value{two, 0}});
+  EXPECT_EQ(first->hash_prefix(), second->hash_prefix());
+  auto again = op("aten::add", {Value{two, 0}, Value{two, 0}});
+  EXPECT_EQ(again->hash_from_prefix(second->hash_prefix()), first->hash());
+  EXPECT_NE(first->hash(), second->hash());
+  EXPECT_EQ(second->hash_from_prefix(first->hash_prefix()), second->hash());
+}
+
 TEST(Hash, GraphHashSeesEdges) {
   auto x = leaf(), y = leaf();
   auto a = v(op("aten::mm", {x, y}));
