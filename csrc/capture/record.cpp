@@ -784,7 +784,9 @@ struct NodeBuilder {
       const size_t k = call.seen_at(t);
       auto& r = refs.emplace_back(std::in_place);
       r->operand = call.index_at(t);
-      r->geom = call.seen_geometry[k];
+      // A tensor passed once: its geometry is not read again.
+      if (call.seen_count[k] > 1) r->geom = call.seen_geometry[k];
+      else r->geom = std::move(call.seen_geometry[k]);
       r->same = call.seen_count[k] > 1 ? static_cast<int>(k) : -1;
       return;
     }
@@ -1030,9 +1032,10 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
 // What phase 3 made: the tensors the call returns, and the storages it
 // writes with the node output that is each one's next version.
 struct Outputs {
-  std::vector<at::Tensor> results;
-  std::vector<int> written;         // distinct storage indices written
-  std::vector<int> written_output;  // per written storage: its node output
+  // Inline: most calls return a tensor or two and write at most one storage.
+  c10::SmallVector<at::Tensor, 2> results;
+  c10::SmallVector<int, 2> written;         // distinct storage indices written
+  c10::SmallVector<int, 2> written_output;  // per written storage: its node output
 };
 
 // Phase 3. The node's outputs: fresh returned tensors (new storages whose
@@ -1105,7 +1108,7 @@ void commit(Call& call, const MetaResult& mr, const std::shared_ptr<ir::Node>& n
 }
 
 // The results replace the arguments on the stack, as the op's schema returns them.
-void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, const std::vector<at::Tensor>& results) {
+void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, c10::ArrayRef<at::Tensor> results) {
   torch::jit::drop(*stack, nargs);
   size_t next = 0;
   for (const auto& ret : mr.returns) {
