@@ -16,7 +16,12 @@ struct Entry {
 // words. Node-based: a found result stays put while others are added.
 struct Cache {
   std::unordered_multimap<uint64_t, Entry> map;
+  uint64_t generation = 1;  // bumped when the map is cleared
 };
+
+bool same_key(const std::vector<int64_t>& k, const SignatureKey& key) {
+  return k.size() == key.words.size() && std::equal(k.begin(), k.end(), key.words.begin());
+}
 Cache& cache() {
   static auto* c = new Cache();
   return *c;
@@ -107,18 +112,27 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
   }
 }
 
-const MetaResult* meta_cache_find(const SignatureKey& key) {
-  auto range = cache().map.equal_range(key.hash());
+const MetaResult* meta_cache_find(const SignatureKey& key, MetaCacheMemo* memo) {
+  auto& c = cache();
+  if (memo && memo->generation == c.generation) {
+    const auto* e = static_cast<const Entry*>(memo->entry);
+    if (same_key(e->key, key)) return &e->result;
+  }
+  auto range = c.map.equal_range(key.hash());
   for (auto it = range.first; it != range.second; ++it) {
-    const auto& k = it->second.key;
-    if (k.size() == key.words.size() && std::equal(k.begin(), k.end(), key.words.begin())) return &it->second.result;
+    if (!same_key(it->second.key, key)) continue;
+    if (memo) *memo = MetaCacheMemo{&it->second, c.generation};
+    return &it->second.result;
   }
   return nullptr;
 }
 
 void meta_cache_put(const SignatureKey& key, MetaResult result) {
   auto& c = cache();
-  if (c.map.size() >= kMaxEntries) c.map.clear();  // bounded: a shape-churning loop must not grow memory
+  if (c.map.size() >= kMaxEntries) {  // bounded: a shape-churning loop must not grow memory
+    c.map.clear();
+    ++c.generation;
+  }
   c.map.emplace(key.hash(), Entry{std::vector<int64_t>(key.words.begin(), key.words.end()), std::move(result)});
 }
 

@@ -54,8 +54,16 @@ struct SignatureKey {
   uint64_t hash() const;
 };
 
+// The entry an operator's last call found: its next call, in a loop, most
+// often has the same signature, which then needs no hashing. Guarded, with
+// the cache, by the state lock.
+struct MetaCacheMemo {
+  const void* entry = nullptr;
+  uint64_t generation = 0;  // the cache's when `entry` was found (a clear makes it stale)
+};
+
 // `key` starts with the operator (its schema's address), then its arguments.
-const MetaResult* meta_cache_find(const SignatureKey& key);
+const MetaResult* meta_cache_find(const SignatureKey& key, MetaCacheMemo* memo = nullptr);
 void meta_cache_put(const SignatureKey& key, MetaResult result);
 
 } // namespace torch_mgpu::capture

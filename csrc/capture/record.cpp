@@ -821,6 +821,7 @@ struct OpInfo {
   bool contiguous_if_complex = false;  // the same, where its first argument is complex
   bool nansum = false;         // canonical_dims: `dim=[]` means every dim
   bool makes_sparse = false;   // its name says it makes a sparse tensor
+  mutable MetaCacheMemo last_signature;  // the cache entry its last call found
   // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
   // (refuse_unsupported reads those for quantized and sparse requests).
   std::vector<uint8_t> dtype_or_layout;
@@ -886,12 +887,12 @@ void check_in_storage(const TensorGeometry& g, const c10::Storage& storage) {
 // kernel) and checked as eager checks at the call (the probe). Fills
 // `call` with the storages read and written. `fresh` holds a result that
 // was not cached; `warnings` holds the call's warnings until it is recorded.
-const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Call& call,
-                             MetaResult& fresh, HeldWarnings& warnings) {
+const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                             Call& call, MetaResult& fresh, HeldWarnings& warnings) {
   const auto& schema = op.schema();
   const bool cpu_as_meta = call.cpu_as_meta;
   meta_arguments(schema, args, call);
-  const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key) : nullptr;
+  const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key, &info.last_signature) : nullptr;
   if (cached) {
     runtime::counters().meta_cache_hits++;
   } else {
@@ -939,7 +940,6 @@ const MetaResult& infer_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     if (!exact && warnings.held.empty())
       for (auto& w : from_probe.held)
         if (!is_resize_warning(w)) warnings.held.push_back(std::move(w));
-    const OpInfo& info = op_info(op);
     if (info.batch_norm) saves_nothing_in_eval(schema, args, fresh);
     if (info.contiguous_result ||
         (info.contiguous_if_complex && !args.empty() && args[0].isTensor() && args[0].toTensor().is_complex())) {
@@ -1151,7 +1151,7 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
                int64_t{state.matmul_precision} << 11);
   MetaResult fresh;
   HeldWarnings warnings;
-  const MetaResult& mr = infer_call(op, args, call, fresh, warnings);
+  const MetaResult& mr = infer_call(info, op, args, call, fresh, warnings);
   if (only_views(call, mr)) {
     // Views of the call's storages, nothing computed or written: no node.
     // The storages' bytes are not touched, so a storage mgpu did not make
