@@ -16,7 +16,9 @@ struct Entry {
 // words. Node-based: a found result stays put while others are added.
 struct Cache {
   std::unordered_multimap<uint64_t, Entry> map;
-  uint64_t generation = 1;  // bumped when the map is cleared
+  // Bumped when the map is cleared: memos (MetaCacheMemo) point into its
+  // entries, so anything that ever erases one must bump it too.
+  uint64_t generation = 1;
 };
 
 bool same_key(const std::vector<int64_t>& k, const SignatureKey& key) {
@@ -82,10 +84,14 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
     for (int64_t x : l) add(x);
   } else if (v.isDoubleList()) {
     add(8);
-    for (double d : v.toDoubleList()) add_ivalue(c10::IValue(d));
+    auto l = v.toDoubleList();
+    add(static_cast<int64_t>(l.size()));
+    for (double d : l) add_ivalue(c10::IValue(d));
   } else if (v.isBoolList()) {
     add(9);
-    for (bool b : v.toBoolList()) add(b);
+    auto l = v.toBoolList();
+    add(static_cast<int64_t>(l.size()));
+    for (bool b : l) add(b);
   } else if (v.isScalar()) {
     add(10);
     auto s = v.toScalar();
@@ -103,7 +109,9 @@ void SignatureKey::add_ivalue(const c10::IValue& v) {
       cacheable = false;
   } else if (v.isList()) {
     add(11);
-    for (const auto& e : v.toListRef()) add_ivalue(e);
+    const auto& l = v.toListRef();
+    add(static_cast<int64_t>(l.size()));
+    for (const auto& e : l) add_ivalue(e);
   } else if (const auto* p = ir::partition_of(v)) {
     add(12);  // a compiled partition: its outputs depend on it alone
     add(static_cast<int64_t>(p->id));

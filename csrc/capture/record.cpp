@@ -244,6 +244,7 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
         if (keep) l.push_back(std::move(m));
         if (!ot) call.key.add(-3);
       }
+      call.key.add(static_cast<int64_t>(call.element + 1));  // the list's length
       if (keep) out.emplace_back(l);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       check_device_index(v.toDevice().index());

@@ -168,7 +168,8 @@ struct Node {
   uint64_t hash() const;
   // hash() in two parts: everything but the operands (for an op, fixed by
   // its call's signature: capture keeps it with the signature), then
-  // hash_from_prefix adds the operands and memoizes the whole.
+  // hash_from_prefix adds the operands and memoizes the whole (a node
+  // whose hash is memoized already returns it, whatever the prefix).
   uint64_t hash_prefix() const;
   uint64_t hash_from_prefix(uint64_t prefix) const;
 
