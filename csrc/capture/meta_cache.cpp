@@ -41,11 +41,8 @@ void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
 }
 
 uint64_t SignatureKey::hash() const {
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ words.size();
-  for (int64_t w : words) {
-    h = (h ^ static_cast<uint64_t>(w)) * 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
-  }
+  uint64_t h = words.size();
+  for (int64_t w : words) h = ir::hash_combine(h, static_cast<uint64_t>(w));
   return h;
 }
 
