@@ -2,6 +2,8 @@
 import copy
 import gc
 import resource
+import sys
+import weakref
 
 import pytest
 import torch
@@ -113,6 +115,35 @@ def test_metadata_cache_hits_on_repeat():
     hits = torch_mgpu.stats()["meta_cache_hits"]
     (x @ x).relu()
     assert torch_mgpu.stats()["meta_cache_hits"] >= hits + 2
+
+
+def test_calls_leave_their_arguments_reference_counts_as_they_found_them():
+    # The commonest ops are called unboxed, their tensor arguments on the
+    # recording's stack without references of their own: on every way out of
+    # a call (recorded, refused, run eagerly, in place, called boxed) the
+    # counts are back where they were, and a dropped tensor dies.
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    am, bm = a.to("mgpu"), b.to("mgpu")
+    counts = (am._use_count(), bm._use_count(), sys.getrefcount(am), sys.getrefcount(bm))
+    s = am + bm
+    r = (am * 2).relu().sub(bm, alpha=0.5)
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+        am + torch.randn(3, device="mgpu")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(am, bm)
+    nz = torch.nonzero(am > 0)
+    assert am.add_(bm) is am
+    p = torch.ops.aten.mul.Tensor(am, bm)
+    assert (am._use_count(), bm._use_count(), sys.getrefcount(am), sys.getrefcount(bm)) == counts
+    assert_same(s, a + b)
+    assert_same(r, (a * 2).relu().sub(b, alpha=0.5))
+    assert_same(nz, torch.nonzero(a > 0))
+    a.add_(b)
+    assert_same(am, a)
+    assert_same(p, a * b)
+    dropped = weakref.ref(am)
+    del am
+    assert dropped() is None
 
 
 def rss_kib():

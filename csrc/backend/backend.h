@@ -3,18 +3,30 @@
 // allocator, generator, copies) and the kernels every op on mgpu tensors
 // reaches. Above engine/ and capture/: it decides what a call does and
 // calls down to them; nothing below includes it.
+#include "capture/borrowed_args.h"
 #include "ir/partition.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 
+namespace torch {
+class Library;
+}
+
 namespace torch_mgpu::backend {
 
 // The boxed kernel behind every ATen op that reaches PrivateUse1.
 void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// The same, where `cpu_as_meta` lets whole CPU tensors in (copies from host).
-void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta);
+// The same, where `cpu_as_meta` lets whole CPU tensors in (copies from host)
+// and `borrowed` (or null) lists the tensor arguments the stack holds
+// without references (capture/borrowed_args.h: kernels called unboxed).
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
+                 capture::BorrowedArgs* borrowed = nullptr);
+
+// Registers unboxed kernels for the commonest ops that would reach the
+// boxed fallback: the same recording without boxing copies (borrowing.cpp).
+void register_borrowing_kernels(torch::Library& lib);
 
 // Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
 // data-dependent output shapes or non-tensor results), rebinding mutated

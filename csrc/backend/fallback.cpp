@@ -5,6 +5,7 @@
 // the registrations that send ops to it.
 #include "backend/backend.h"
 #include "capture/arguments.h"
+#include "capture/borrowed_args.h"
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "ir/call_state.h"
@@ -19,7 +20,7 @@
 namespace torch_mgpu::backend {
 
 void mgpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  record_call(op, stack, false);
+  record_call(op, stack, false, nullptr);
 }
 
 namespace {
@@ -56,7 +57,8 @@ ir::CallState& pending_state() {
 }
 } // namespace
 
-void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta) {
+void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
+                 capture::BorrowedArgs* borrowed) {
   capture::StateLock lock;
   const capture::OpInfo& info = capture::prepare_call(op, stack);
   const bool sync_now = sync_each_op();
@@ -69,14 +71,16 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     pending_state() = state;
   }
   if (capture::runs_eagerly(info)) {
+    if (borrowed) borrowed->own();
     eager_fallback(op, stack);
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
   bool background_safe = false;
   try {
-    background_safe = capture::record(info, op, stack, cpu_as_meta, state);
+    background_safe = capture::record(info, op, stack, cpu_as_meta, state, borrowed);
   } catch (const std::exception&) {
+    if (borrowed) borrowed->own();
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error. Over a
     // storage mgpu did not make it cannot: the recording's error is the call's.
@@ -100,6 +104,9 @@ struct DirectKernels {
     auto& d = c10::Dispatcher::singleton();
     lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                            __FILE__, __LINE__);
+    // The commonest ops first, as unboxed kernels (borrowing.cpp): the
+    // loop below then leaves them alone.
+    register_borrowing_kernels(*lib);
     std::vector<c10::OperatorName> names;
     for (auto key : {c10::DispatchKey::CompositeExplicitAutogradNonFunctional,
                      c10::DispatchKey::CompositeExplicitAutograd})

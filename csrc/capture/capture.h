@@ -3,6 +3,7 @@
 // graph (Meta inference, the checks eager makes at the call, the node and
 // the new versions of what it writes), or is refused. What to do with a call
 // (record it, run it eagerly, sync) is the backend layer's (backend/).
+#include "capture/borrowed_args.h"
 #include "capture/lazy_tensor.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -31,9 +32,11 @@ void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::A
 // stack), or raises what eager raises at the call and records nothing.
 // `cpu_as_meta` lets whole CPU tensors in (copies from the host). Returns
 // whether the node may run on the background worker. `state` is the call's
-// settings (ir::current_call_state(), read once per call). Under the state lock.
+// settings (ir::current_call_state(), read once per call). `borrowed` (or
+// null): the stack's borrowed tensor arguments, released with the arguments.
+// Under the state lock.
 bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
-            const ir::CallState& state);
+            const ir::CallState& state, BorrowedArgs* borrowed);
 
 // Whether this thread is running a call's Meta kernel for record(): a
 // Python Meta kernel's out= resize check then warns as ATen does

@@ -160,11 +160,13 @@ struct Call {
     return i;
   }
 
-  // The Meta twin of an argument tensor; records its signature.
+  // The Meta twin of an argument tensor; records its signature. Without
+  // `build_meta`, an undefined tensor: a copy of `t` would cost a reference
+  // (for a tensor Python holds, an incref and a decref of its Python object).
   at::Tensor to_meta(const at::Tensor& t, bool mutated) {
     if (!t.defined()) {
       key.add(-1);
-      return t;
+      return at::Tensor();
     }
     if (!is_mgpu(t)) {
       key.add(-2);
@@ -174,7 +176,8 @@ struct Call {
       // promote differently (`int_tensor + 2.5` is float32, `int_tensor +
       // torch.tensor(2.5, dtype=torch.float64)` float64).
       key.add(t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
-      if (cpu_as_meta && build_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+      if (!build_meta) return at::Tensor();
+      if (cpu_as_meta) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
       return t;  // meta kernels accept CPU scalars and refuse the rest, as eager does
     }
     device = t.device().index();
@@ -200,7 +203,7 @@ struct Call {
       mutated_slots.push_back(t);
       mutated_at.emplace_back(arg, element);
     }
-    if (!build_meta) return t;
+    if (!build_meta) return at::Tensor();
     at::Tensor m;
     if (same >= 0) m = seen_twins[same];
     else m = cpu_twins ? ir::make_view(meta[i], c10::DispatchKey::CPU, g) : meta_view(meta[i], g);
@@ -1109,7 +1112,9 @@ void commit(Call& call, const MetaResult& mr, const std::shared_ptr<ir::Node>& n
 }
 
 // The results replace the arguments on the stack, as the op's schema returns them.
-void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, c10::ArrayRef<at::Tensor> results) {
+void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, c10::ArrayRef<at::Tensor> results,
+                  BorrowedArgs* borrowed) {
+  if (borrowed) borrowed->release();
   torch::jit::drop(*stack, nargs);
   size_t next = 0;
   for (const auto& ret : mr.returns) {
@@ -1134,7 +1139,7 @@ bool inferring_results() { return inferring; }
 // (outputs_of), then, once the node is complete and hashed, the commit and
 // the results. Any phase before the commit may raise: nothing is recorded.
 bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
-            const ir::CallState& state) {
+            const ir::CallState& state, BorrowedArgs* borrowed) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   // The arguments, in place on the stack until the results replace them.
@@ -1161,7 +1166,7 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
     Outputs o = outputs_of(call, mr, nullptr, false);
     warnings.release();
     for (const auto& w : mr.resize_warnings) c10::warn(w);
-    push_results(stack, nargs, mr, o.results);
+    push_results(stack, nargs, mr, o.results, borrowed);
     return info.aten;
   }
   auto node = node_for(info, op, args, call, mr);
@@ -1189,7 +1194,7 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
 
   commit(call, mr, node, o);
   if (!node->outputs.empty()) runtime::counters().ops_captured++;
-  push_results(stack, nargs, mr, o.results);
+  push_results(stack, nargs, mr, o.results, borrowed);
   // Ops outside aten may have Python kernels (custom ops), which need the
   // GIL; seeded ops borrow the global generator while they run.
   return !node->seed && info.aten;

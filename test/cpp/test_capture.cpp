@@ -1,4 +1,6 @@
 // The mgpu device from plain C++ (LibTorch, no Python, no TorchScript).
+#include "capture/borrowed_args.h"
+
 #include <torch/torch.h>
 #include <torch_mgpu/mgpu.h>
 
@@ -107,4 +109,80 @@ TEST(Cpp, ShapeRunOfARandomOpLeavesTheGlobalGeneratorAlone) {
   auto out = d.cpu();
   EXPECT_TRUE(((out == 0) | (out == 2)).all().item<bool>());
   EXPECT_GT((out == 0).sum().item<int64_t>(), 0);
+}
+
+// A borrowed argument holds no reference; own() gives it one; release()
+// (or the destructor) empties the slot without touching the count.
+TEST(Capture, BorrowedArgsTakeNoReferences) {
+  auto t = torch::randn({3});
+  ASSERT_EQ(t.use_count(), 1u);
+  {
+    torch::jit::Stack stack;
+    torch_mgpu::capture::BorrowedArgs borrowed(&stack);
+    borrowed.push(t);
+    borrowed.push(int64_t{7});
+    borrowed.push(at::Scalar(2.5));
+    ASSERT_EQ(stack.size(), 3u);
+    EXPECT_EQ(t.use_count(), 1u);
+    EXPECT_TRUE(stack[0].toTensor().is_same(t));
+    EXPECT_EQ(stack[1].toInt(), 7);
+    at::Tensor copy = stack[0].toTensor();  // a copy is an ordinary reference
+    EXPECT_EQ(t.use_count(), 2u);
+    copy.reset();
+    borrowed.release();
+    EXPECT_TRUE(stack[0].isNone());
+    EXPECT_EQ(t.use_count(), 1u);
+  }
+  EXPECT_EQ(t.use_count(), 1u);
+  {
+    torch::jit::Stack stack;
+    torch_mgpu::capture::BorrowedArgs borrowed(&stack);
+    borrowed.push(t);
+    borrowed.own();
+    EXPECT_EQ(t.use_count(), 2u);
+    at::Tensor moved = std::move(stack[0]).toTensor();  // owned now: may be consumed
+    stack.clear();
+    EXPECT_EQ(t.use_count(), 2u);
+  }
+  EXPECT_EQ(t.use_count(), 1u);
+  {  // the destructor releases what is still borrowed (an exception's way out)
+    torch::jit::Stack stack;
+    torch_mgpu::capture::BorrowedArgs borrowed(&stack);
+    borrowed.push(t);
+    borrowed.push(t);
+  }
+  EXPECT_EQ(t.use_count(), 1u);
+}
+
+// Calls on mgpu tensors (recorded, raising, run eagerly, in place, called
+// boxed) leave their arguments' reference counts as they found them, and
+// compute what eager computes.
+TEST(Capture, CallsKeepTheirArgumentsReferenceCounts) {
+  torch::manual_seed(3);
+  auto a = torch::randn({4, 5}), b = torch::randn({4, 5});
+  auto am = a.to(torch_mgpu::device()), bm = b.to(torch_mgpu::device());
+  ASSERT_EQ(am.use_count(), 1u);
+  ASSERT_EQ(bm.use_count(), 1u);
+  auto sum = am + bm;                                // recorded
+  auto scaled = torch::relu(am * 2.0).sub(bm, 0.5);  // recorded, Scalar arguments
+  EXPECT_THROW(torch::mm(am, bm), c10::Error);       // refused at the call
+  EXPECT_THROW(am + torch::randn({3}).to(torch_mgpu::device()), c10::Error);  // refused by Meta
+  auto nz = torch::nonzero(am > 0);                  // runs eagerly
+  at::Tensor& same = am.add_(bm);                    // in place: returns its argument
+  EXPECT_TRUE(same.is_same(am));
+  static auto boxed = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mul", "Tensor");
+  torch::jit::Stack stack{am, bm};
+  boxed.callBoxed(&stack);                           // the unboxed kernel, called boxed
+  auto product = stack.at(0).toTensor();
+  stack.clear();
+  EXPECT_EQ(am.use_count(), 1u);
+  EXPECT_EQ(bm.use_count(), 1u);
+  EXPECT_TRUE(torch::allclose(sum.cpu(), a + b));
+  EXPECT_TRUE(torch::allclose(scaled.cpu(), torch::relu(a * 2.0).sub(b, 0.5)));
+  EXPECT_TRUE(torch::equal(nz.cpu(), torch::nonzero(a > 0)));
+  a.add_(b);
+  EXPECT_TRUE(torch::allclose(am.cpu(), a));
+  EXPECT_TRUE(torch::allclose(product.cpu(), a * b));
+  EXPECT_EQ(am.use_count(), 1u);
+  EXPECT_EQ(bm.use_count(), 1u);
 }

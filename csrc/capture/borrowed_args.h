@@ -1,0 +1,74 @@
+#pragma once
+// Tensor arguments on a boxed stack without references of their own.
+//
+// The dispatcher reaches a boxed kernel by copying each argument into an
+// IValue: a tensor's refcount goes up and back down once per call, and for
+// a tensor Python holds (refcount 1 -> 2 -> 1) each step increfs or decrefs
+// its Python object, taking the interpreter lock the binding released. A
+// kernel that receives `const Tensor&` (its caller's reference outlives the
+// call) can put the same tensors on the stack borrowed: no count changes.
+//
+// Rules for the stack's owner:
+//  - code that only reads the arguments (the recording) may run on it as is;
+//  - before the stack goes to anything that may consume or replace a
+//    tensor argument (another kernel, the eager path), own() gives each
+//    borrowed slot a reference of its own;
+//  - before the arguments are dropped, release() empties the borrowed
+//    slots without touching counts (the destructor does it on any exit).
+// A copy of a borrowed tensor is an ordinary reference (the count goes up
+// and down as for any copy); what must never happen is moving the tensor
+// out of a borrowed slot.
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace torch_mgpu::capture {
+
+class BorrowedArgs {
+ public:
+  explicit BorrowedArgs(torch::jit::Stack* stack) : stack_(stack) {}
+  BorrowedArgs(const BorrowedArgs&) = delete;
+  BorrowedArgs& operator=(const BorrowedArgs&) = delete;
+  ~BorrowedArgs() { release(); }
+
+  // Pushes one argument: a tensor borrowed, anything else as boxing does.
+  template <class T>
+  void push(T&& v) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      slots_.push_back(static_cast<uint32_t>(stack_->size()));
+      stack_->emplace_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(v));
+    } else {
+      torch::jit::push_one(*stack_, std::forward<T>(v));
+    }
+  }
+
+  // The borrowed slots take references of their own.
+  void own() {
+    for (uint32_t i : slots_) {
+      c10::IValue& v = (*stack_)[i];
+      at::Tensor borrowed = std::move(v).toTensor();
+      v = c10::IValue(at::Tensor(borrowed));
+      c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
+    }
+    slots_.clear();
+  }
+
+  // The borrowed slots become None without releasing references.
+  void release() {
+    for (uint32_t i : slots_) {
+      at::Tensor borrowed = std::move((*stack_)[i]).toTensor();
+      c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
+    }
+    slots_.clear();
+  }
+
+ private:
+  torch::jit::Stack* stack_;
+  c10::SmallVector<uint32_t, 4> slots_;
+};
+
+} // namespace torch_mgpu::capture
