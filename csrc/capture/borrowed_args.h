@@ -20,6 +20,7 @@
 // out of a borrowed slot.
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
@@ -39,7 +40,7 @@ class BorrowedArgs {
   template <class T>
   void push(T&& v) {
     if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-      slots_.push_back(static_cast<uint32_t>(stack_->size()));
+      slots_.emplace_back(static_cast<uint32_t>(stack_->size()), v.unsafeGetTensorImpl());
       stack_->emplace_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(v));
     } else {
       torch::jit::push_one(*stack_, std::forward<T>(v));
@@ -48,8 +49,8 @@ class BorrowedArgs {
 
   // The borrowed slots take references of their own.
   void own() {
-    for (uint32_t i : slots_) {
-      c10::IValue& v = (*stack_)[i];
+    for (const auto& [i, impl] : slots_) {
+      c10::IValue& v = slot(i, impl);
       at::Tensor borrowed = std::move(v).toTensor();
       v = c10::IValue(at::Tensor(borrowed));
       c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
@@ -59,16 +60,26 @@ class BorrowedArgs {
 
   // The borrowed slots become None without releasing references.
   void release() {
-    for (uint32_t i : slots_) {
-      at::Tensor borrowed = std::move((*stack_)[i]).toTensor();
+    for (const auto& [i, impl] : slots_) {
+      at::Tensor borrowed = std::move(slot(i, impl)).toTensor();
       c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
     }
     slots_.clear();
   }
 
  private:
+  // A borrowed slot, checked to hold still the tensor it was given: one
+  // written over would be released without a reference (a use after free).
+  c10::IValue& slot(uint32_t i, const c10::TensorImpl* impl) {
+    TORCH_INTERNAL_ASSERT(i < stack_->size(), "mgpu: a borrowed argument was dropped from the stack");
+    c10::IValue& v = (*stack_)[i];
+    TORCH_INTERNAL_ASSERT(v.isTensor() && v.unsafeToTensorImpl() == impl,
+                          "mgpu: a borrowed argument was replaced on the stack");
+    return v;
+  }
+
   torch::jit::Stack* stack_;
-  c10::SmallVector<uint32_t, 4> slots_;
+  c10::SmallVector<std::pair<uint32_t, const c10::TensorImpl*>, 4> slots_;
 };
 
 } // namespace torch_mgpu::capture
