@@ -73,6 +73,13 @@ void check_remote_devices(plan::Topology& t) {
   t.link_latency_s = std::max(kBusyLatency, *std::max_element(trips.begin(), trips.end()) / 2);
   if (const char* us = std::getenv("TORCH_MGPU_NETWORK_LATENCY_US")) t.link_latency_s = std::atof(us) * 1e-6;
   t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
+  // TORCH_MGPU_NETWORK_GBPS sets the bandwidth (GB/s) where the probe's
+  // figure is not the one to plan for (a link shared with other traffic).
+  if (const char* gbps = std::getenv("TORCH_MGPU_NETWORK_GBPS")) {
+    const double rate = std::atof(gbps) * 1e9;
+    TORCH_CHECK(rate > 0, "torch_mgpu: TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '", gbps, "'");
+    t.link_bytes_per_s = rate;
+  }
 }
 
 // The devices a topology string names, checked against what this machine has.
