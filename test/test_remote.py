@@ -74,6 +74,12 @@ def finish(controller, workers, timeout=180):
     return out
 
 
+# The network figures a plan that spreads over ranks is made with, whatever
+# this machine's speed and the loopback probe measure (a loaded machine's
+# probe can price a crossing above the work it saves).
+CHEAP_NETWORK = {"TORCH_MGPU_NETWORK_LATENCY_US": "1", "TORCH_MGPU_NETWORK_GBPS": "100"}
+
+
 def run_world(program, world=2, **kw):
     controller, workers = start_world(program, world, **kw)
     out = finish(controller, workers)
@@ -138,7 +144,7 @@ def test_branches_split_between_this_process_and_a_worker():
         assert plan.remote_bytes_received >= 512 * 512 * 4, str(plan)
         assert "from other ranks" in str(plan)
         done()
-    """)
+    """, controller_env=CHEAP_NETWORK)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/dev.sh gpu runs it)")
@@ -399,14 +405,9 @@ def test_results_of_steps_that_also_export_come_back():
             same(out, sum((x @ x).tanh() for x in xs))
             for i, x in zip(inter, xs):
                 same(i, x @ x)
+            assert "rank1:cpu/lane0" in {e["lane"] for e in torch_mgpu.last_plan().timeline()}
         done()
-    """)
-
-
-# The network figures a plan that spreads over ranks is made with, whatever
-# this machine's speed and the loopback probe measure (a loaded machine's
-# probe can price a crossing above the work it saves).
-CHEAP_NETWORK = {"TORCH_MGPU_NETWORK_LATENCY_US": "1", "TORCH_MGPU_NETWORK_GBPS": "100"}
+    """, controller_env=CHEAP_NETWORK)
 
 
 def test_the_chrome_trace_shows_remote_nodes_and_bytes_between_ranks():
@@ -496,7 +497,7 @@ def test_three_ranks_values_cross_between_workers():
         assert "between them" in str(plan)
         assert torch_mgpu.stats()["remote_bytes_between_workers"] >= plan.remote_bytes_between_workers
         done()
-    """, world=3)
+    """, world=3, controller_env=CHEAP_NETWORK)
 
 
 def test_a_program_that_cannot_be_built_leaves_its_peers_serving():
