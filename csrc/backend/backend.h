@@ -28,6 +28,12 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
 // boxed fallback: the same recording without boxing copies (borrowing.cpp).
 void register_borrowing_kernels(torch::Library& lib);
 
+// Whether fallback.cpp takes `op` over with the boxed fallback although
+// other backends get a composite kernel: a CompositeExplicitAutograd op
+// with CPU and Meta kernels of its own and no PrivateUse1 kernel (mgpu
+// records the op CPU runs: one node, and eager's numerics).
+bool takes_over_composite(const c10::OperatorHandle& op);
+
 // Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
 // data-dependent output shapes or non-tensor results), rebinding mutated
 // inputs and wrapping tensor results as mgpu tensors.

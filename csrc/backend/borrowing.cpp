@@ -49,18 +49,19 @@ struct Borrowing<Op, R(A...)> {
 
 // Whether a call of `op` on mgpu tensors reaches the boxed fallback (or the
 // boxed kernel fallback.cpp registers for composite ops with CPU and Meta
-// kernels): only then does a borrowing kernel take its place. An op with a
-// PrivateUse1 kernel of its own, or a composite kernel mgpu keeps (autograd
-// and decompositions happen above the backend), is left as it is. Kernels
-// that files linked after fallback.cpp register (static initialization
-// runs in link order) are not seen here: none of them is for a listed op.
+// kernels: takes_over_composite): only then does a borrowing kernel take its
+// place. An op with a PrivateUse1 kernel of its own, or a composite kernel
+// mgpu keeps (autograd and decompositions happen above the backend), is
+// left as it is. Kernels that files linked after fallback.cpp register
+// (static initialization runs in link order) are not seen here: none of
+// them is for a listed op.
 bool reaches_fallback(const c10::OperatorHandle& op) {
   using K = c10::DispatchKey;
   if (op.hasKernelForDispatchKey(K::PrivateUse1) || op.hasKernelForDispatchKey(K::CompositeImplicitAutograd))
     return false;
   const bool composite = op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
                          op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional);
-  return !composite || (op.hasKernelForDispatchKey(K::CPU) && op.hasKernelForDispatchKey(K::Meta));
+  return !composite || takes_over_composite(op);
 }
 
 template <class Op>

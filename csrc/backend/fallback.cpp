@@ -92,6 +92,14 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   else engine::recorded(background_safe);
 }
 
+bool takes_over_composite(const c10::OperatorHandle& op) {
+  using K = c10::DispatchKey;
+  return (op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional)) &&
+         op.hasKernelForDispatchKey(K::CPU) && op.hasKernelForDispatchKey(K::Meta) &&
+         !op.hasKernelForDispatchKey(K::PrivateUse1);
+}
+
 namespace {
 
 // Ops that other backends get from a composite kernel while CPU has its own
@@ -114,10 +122,7 @@ struct DirectKernels {
     for (const auto& name : names) {
       if (name.name.rfind("aten::", 0) != 0 || name.name == "aten::copy_") continue;
       auto op = d.findOp(name);
-      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
-        continue;
+      if (!op || !takes_over_composite(*op)) continue;
       std::string full = name.name.substr(6);
       if (!name.overload_name.empty()) full += "." + name.overload_name;
       lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());

@@ -14,7 +14,8 @@
 //    tensor argument (another kernel, the eager path), own() gives each
 //    borrowed slot a reference of its own;
 //  - before the arguments are dropped, release() empties the borrowed
-//    slots without touching counts (the destructor does it on any exit).
+//    slots without touching counts (the destructor does it on any exit,
+//    without the checks' exceptions).
 // A copy of a borrowed tensor is an ordinary reference (the count goes up
 // and down as for any copy); what must never happen is moving the tensor
 // out of a borrowed slot.
@@ -34,7 +35,18 @@ class BorrowedArgs {
   explicit BorrowedArgs(torch::jit::Stack* stack) : stack_(stack) {}
   BorrowedArgs(const BorrowedArgs&) = delete;
   BorrowedArgs& operator=(const BorrowedArgs&) = delete;
-  ~BorrowedArgs() { release(); }
+  // On any exit: releases the slots that still hold their tensors (never
+  // throws; a slot found written over is a bug slot() reports on the
+  // ordinary path, and is left to the stack).
+  ~BorrowedArgs() {
+    for (const auto& [i, impl] : slots_) {
+      if (i >= stack_->size()) continue;
+      c10::IValue& v = (*stack_)[i];
+      if (!v.isTensor() || v.unsafeToTensorImpl() != impl) continue;
+      at::Tensor borrowed = std::move(v).toTensor();
+      c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
+    }
+  }
 
   // Pushes one argument: a tensor borrowed, anything else as boxing does.
   template <class T>

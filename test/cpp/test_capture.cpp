@@ -152,6 +152,20 @@ TEST(Capture, BorrowedArgsTakeNoReferences) {
     borrowed.push(t);
   }
   EXPECT_EQ(t.use_count(), 1u);
+  auto other = torch::randn({2});
+  {  // a slot written over is refused by release(), and the destructor
+     // (which must not throw) leaves it to the stack
+    torch::jit::Stack stack;
+    torch_mgpu::capture::BorrowedArgs borrowed(&stack);
+    borrowed.push(t);
+    at::Tensor out = std::move(stack[0]).toTensor();
+    c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(out);
+    stack[0] = other;
+    EXPECT_EQ(other.use_count(), 2u);
+    EXPECT_THROW(borrowed.release(), c10::Error);
+  }
+  EXPECT_EQ(t.use_count(), 1u);
+  EXPECT_EQ(other.use_count(), 1u);
 }
 
 // Calls on mgpu tensors (recorded, raising, run eagerly, in place, called
