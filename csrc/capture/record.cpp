@@ -982,7 +982,7 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
                                    Call& call, const MetaResult& mr) {
   const auto& schema = op.schema();
   const size_t nargs = args.size();
-  auto node = std::make_shared<ir::Node>();
+  auto node = ir::new_node();
   node->name = info.name;
   if (!info.aten && nargs > 0)
     if (const auto* p = ir::partition_of(args[0])) node->name = p->name;  // "partition#3[mm, relu; 1 kernel]"

@@ -229,9 +229,76 @@ uint64_t Node::hash() const {
 }
 
 namespace {
+// Blocks of one size, kept for reuse when freed (up to kKept of them; more
+// go back to the allocator). A node is made on the recording thread and
+// freed wherever its last reference drops (a lane, a sync, Python's
+// collector): one small lock guards the list.
+class BlockPool {
+ public:
+  explicit BlockPool(size_t size) : size_(size) {}
+  void* take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return p;
+      }
+    }
+    return ::operator new(size_);
+  }
+  void give(void* p) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (free_.size() < kKept) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    ::operator delete(p);
+  }
+
+ private:
+  static constexpr size_t kKept = 1024;
+  const size_t size_;
+  std::mutex mutex_;
+  std::vector<void*> free_;
+};
+
+// std::allocate_shared's allocator: the control block and the node in one
+// block from the pool (one pool per block type; leaked, as nodes may die
+// during exit).
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() = default;
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>&) {}
+  static BlockPool& pool() {
+    static auto* p = new BlockPool(sizeof(T));
+    return *p;
+  }
+  T* allocate(size_t n) {
+    if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
+    return static_cast<T*>(pool().take());
+  }
+  void deallocate(T* p, size_t n) {
+    if (n != 1) ::operator delete(p);
+    else pool().give(p);
+  }
+  template <class U>
+  bool operator==(const PoolAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const PoolAllocator<U>&) const { return false; }
+};
+} // namespace
+
+NodePtr new_node() { return std::allocate_shared<Node>(PoolAllocator<Node>()); }
+
+namespace {
 // A leaf: not an op, never pending, one output of `nbytes`.
 NodePtr make_leaf(NodeKind kind, const char* name, size_t nbytes) {
-  auto n = std::make_shared<Node>();
+  auto n = new_node();
   n->kind = kind;
   g_pending.fetch_sub(1);  // constructed counting as a pending op
   n->name = name;

@@ -183,6 +183,12 @@ struct Node {
 // views of these, so recording a node copies no string.
 std::string_view intern(std::string_view s);
 
+// A new node (an Op until its maker says otherwise). Nodes come from a pool
+// of blocks their size: a node is larger than the allocator's per-thread
+// caches take, and each allocation of that size made it sort its freed
+// small chunks (malloc_consolidate) on the recording's path.
+NodePtr new_node();
+
 // A Data node over bytes that already exist.
 NodePtr make_data(c10::Storage storage);
 // An Empty node: `nbytes` uninitialized bytes.

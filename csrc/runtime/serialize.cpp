@@ -304,7 +304,7 @@ void write_node(Writer& w, Writer& values, const Node& n) {
 
 NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
   holes.clear();
-  auto n = std::make_shared<Node>();
+  auto n = ir::new_node();
   const std::string name(r.get_bytes());
   n->name = intern(name);
   const auto dot = name.find('.');

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 using namespace torch_mgpu::ir;
 
 namespace {
@@ -171,6 +173,25 @@ TEST(Nodes, DataAndErrorAreNotPending) {
   auto em = make_empty(16);
   EXPECT_EQ(em->outputs[0].nbytes, 16u);
   EXPECT_FALSE(em->is_pending());
+}
+
+TEST(Nodes, BlocksAreReusedAcrossThreads) {
+  // A node freed (here on another thread, as lanes free them) gives its
+  // block to the next node made; each node made is a fresh one.
+  auto a = new_node();
+  a->name = intern("aten::first");
+  const void* block = a.get();
+  std::thread([n = std::move(a)]() mutable { n.reset(); }).join();
+  auto b = new_node();
+  EXPECT_EQ(static_cast<const void*>(b.get()), block);
+  EXPECT_TRUE(b->name.empty());
+  EXPECT_TRUE(b->args.empty() && b->outputs.empty());
+  EXPECT_TRUE(b->is_pending());
+  std::vector<NodePtr> many;
+  for (int i = 0; i < 3000; ++i) many.push_back(new_node());  // more than are kept
+  many.clear();
+  auto c = new_node();
+  EXPECT_NE(c, nullptr);
 }
 
 TEST(Hash, IValues) {
