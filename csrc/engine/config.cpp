@@ -173,11 +173,16 @@ public:
     std::unique_lock<std::mutex> lock(m_);
     cv_.wait(lock, [&] { return state_ != State::Measuring; });
     if (state_ == State::Done) return model_;
+    // `measuring_` is held for as long as the state says Measuring: a
+    // fork() then either waits for the measurement (its prepare handler
+    // takes it) or leaves the child a model not yet begun, never one begun
+    // and lost. (Taken under m_ only here, where the state is not
+    // Measuring: no other measurement holds it, only a fork in progress.)
+    std::unique_lock<std::mutex> hold(measuring_);
     state_ = State::Measuring;
     lock.unlock();
     plan::CostModel measured;
     try {
-      std::lock_guard<std::mutex> hold(measuring_);
       measured = measure();
     } catch (...) {
       lock.lock();

@@ -235,7 +235,23 @@ namespace {
 // collector): one small lock guards the list.
 class BlockPool {
  public:
-  explicit BlockPool(size_t size) : size_(size) {}
+  explicit BlockPool(size_t size) : size_(size) {
+    // A fork() child has only the forking thread: the list (perhaps
+    // mid-change in another thread of the parent) is given up, leaked, and
+    // the lock made anew. No prepare handler: one holding this lock would
+    // wait beside the handlers that wait for other threads' work.
+    pools().push_back(this);
+    static const bool registered = [] {
+      pthread_atfork(nullptr, nullptr, [] {
+        for (BlockPool* p : pools()) {
+          new (&p->mutex_) std::mutex();
+          new (&p->free_) std::vector<void*>();
+        }
+      });
+      return true;
+    }();
+    (void)registered;
+  }
   void* take() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -259,6 +275,10 @@ class BlockPool {
   }
 
  private:
+  static std::vector<BlockPool*>& pools() {
+    static auto* v = new std::vector<BlockPool*>();
+    return *v;
+  }
   static constexpr size_t kKept = 1024;
   const size_t size_;
   std::mutex mutex_;
