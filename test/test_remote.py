@@ -296,14 +296,15 @@ def test_bad_remote_devices_are_refused_at_configure():
             else:
                 raise AssertionError(devs)
             assert torch_mgpu.lanes() == before
-        os.environ["TORCH_MGPU_NETWORK_GBPS"] = "0"
-        try:
-            torch_mgpu.configure(devices=["rank1:cpu"])
-        except RuntimeError as e:
-            assert "TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '0'" in str(e), str(e)
-        else:
-            raise AssertionError("a bandwidth of 0 was taken")
-        assert torch_mgpu.lanes() == before
+        for bad in ("0", "10GB", "inf", "-1"):
+            os.environ["TORCH_MGPU_NETWORK_GBPS"] = bad
+            try:
+                torch_mgpu.configure(devices=["rank1:cpu"])
+            except RuntimeError as e:
+                assert f"TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '{bad}'" in str(e), str(e)
+            else:
+                raise AssertionError(f"a bandwidth of {bad} was taken")
+            assert torch_mgpu.lanes() == before
         del os.environ["TORCH_MGPU_NETWORK_GBPS"]
         torch_mgpu.configure(devices=["rank1:cpu"])
         assert torch_mgpu._C._cost_model()["network_bytes_per_s"] != 0

@@ -61,6 +61,7 @@ class BorrowedArgs {
 
   // The borrowed slots take references of their own.
   void own() {
+    for (const auto& [i, impl] : slots_) slot(i, impl);  // all checked before any changes hands
     for (const auto& [i, impl] : slots_) {
       c10::IValue& v = slot(i, impl);
       at::Tensor borrowed = std::move(v).toTensor();

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <thread>
 
 namespace torch_mgpu::engine {
@@ -61,6 +63,16 @@ void check_remote_devices(plan::Topology& t) {
     trips.push_back(best);
     rates.push_back(static_cast<double>(kProbe) / std::max(1e-6, took - best));
   }
+  // TORCH_MGPU_NETWORK_GBPS sets the bandwidth (GB/s) where the probe's
+  // figure is not the one to plan for (a link shared with other traffic).
+  std::optional<double> set_rate;
+  if (const char* gbps = std::getenv("TORCH_MGPU_NETWORK_GBPS")) {
+    char* end = nullptr;
+    const double rate = std::strtod(gbps, &end) * 1e9;
+    TORCH_CHECK(end != gbps && *end == '\0' && std::isfinite(rate) && rate > 0,
+                "torch_mgpu: TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '", gbps, "'");
+    set_rate = rate;
+  }
   if (trips.empty()) return;
   // A value that crosses ranks mid-run also waits for the threads that
   // carry it (the transport's, the receiving lane's) to get a core while
@@ -73,13 +85,7 @@ void check_remote_devices(plan::Topology& t) {
   t.link_latency_s = std::max(kBusyLatency, *std::max_element(trips.begin(), trips.end()) / 2);
   if (const char* us = std::getenv("TORCH_MGPU_NETWORK_LATENCY_US")) t.link_latency_s = std::atof(us) * 1e-6;
   t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
-  // TORCH_MGPU_NETWORK_GBPS sets the bandwidth (GB/s) where the probe's
-  // figure is not the one to plan for (a link shared with other traffic).
-  if (const char* gbps = std::getenv("TORCH_MGPU_NETWORK_GBPS")) {
-    const double rate = std::atof(gbps) * 1e9;
-    TORCH_CHECK(rate > 0, "torch_mgpu: TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '", gbps, "'");
-    t.link_bytes_per_s = rate;
-  }
+  if (set_rate) t.link_bytes_per_s = *set_rate;
 }
 
 // The devices a topology string names, checked against what this machine has.
@@ -191,7 +197,7 @@ public:
       throw;
     }
     lock.lock();
-    model_ = measured;
+    model_ = std::move(measured);
     state_ = State::Done;
     cv_.notify_all();
     return model_;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <mutex>
+#include <new>
 #include <unordered_set>
 
 #include <cstring>
@@ -232,57 +233,43 @@ namespace {
 // Blocks of one size, kept for reuse when freed (up to kKept of them; more
 // go back to the allocator). A node is made on the recording thread and
 // freed wherever its last reference drops (a lane, a sync, Python's
-// collector): one small lock guards the list.
+// collector): one small lock guards the list, a fixed array (giving a block
+// back never allocates: it runs inside shared_ptr's noexcept release).
 class BlockPool {
  public:
-  explicit BlockPool(size_t size) : size_(size) {
-    // A fork() child has only the forking thread: the list (perhaps
-    // mid-change in another thread of the parent) is given up, leaked, and
-    // the lock made anew. No prepare handler: one holding this lock would
-    // wait beside the handlers that wait for other threads' work.
-    pools().push_back(this);
-    static const bool registered = [] {
-      pthread_atfork(nullptr, nullptr, [] {
-        for (BlockPool* p : pools()) {
-          new (&p->mutex_) std::mutex();
-          new (&p->free_) std::vector<void*>();
-        }
-      });
-      return true;
-    }();
-    (void)registered;
-  }
+  explicit BlockPool(size_t size) : size_(size) {}
   void* take() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!free_.empty()) {
-        void* p = free_.back();
-        free_.pop_back();
-        return p;
-      }
+      if (count_ > 0) return free_[--count_];
     }
     return ::operator new(size_);
   }
-  void give(void* p) {
+  void give(void* p) noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (free_.size() < kKept) {
-        free_.push_back(p);
+      if (count_ < kKept) {
+        free_[count_++] = p;
         return;
       }
     }
     ::operator delete(p);
   }
+  // In a fork() child, which has only the forking thread: the list
+  // (perhaps mid-change in another thread of the parent) is given up,
+  // leaked, and the lock made anew. No prepare handler: one holding this
+  // lock would wait beside the handlers that wait for other threads' work.
+  void reset_in_child() {
+    new (&mutex_) std::mutex();
+    count_ = 0;
+  }
 
  private:
-  static std::vector<BlockPool*>& pools() {
-    static auto* v = new std::vector<BlockPool*>();
-    return *v;
-  }
   static constexpr size_t kKept = 1024;
   const size_t size_;
   std::mutex mutex_;
-  std::vector<void*> free_;
+  size_t count_ = 0;
+  void* free_[kKept];
 };
 
 // std::allocate_shared's allocator: the control block and the node in one
@@ -290,16 +277,24 @@ class BlockPool {
 // during exit).
 template <class T>
 struct PoolAllocator {
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "pool blocks have operator new's alignment");
   using value_type = T;
   PoolAllocator() = default;
   template <class U>
   PoolAllocator(const PoolAllocator<U>&) {}
   static BlockPool& pool() {
-    static auto* p = new BlockPool(sizeof(T));
+    static BlockPool* p = [] {
+      auto* made = new BlockPool(sizeof(T));
+      pthread_atfork(nullptr, nullptr, [] { pool().reset_in_child(); });
+      return made;
+    }();
     return *p;
   }
   T* allocate(size_t n) {
-    if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
+    if (n != 1) {
+      if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+      return static_cast<T*>(::operator new(n * sizeof(T)));
+    }
     return static_cast<T*>(pool().take());
   }
   void deallocate(T* p, size_t n) {
