@@ -166,12 +166,12 @@ namespace {
 // A cost model measured once per process. Not a function-local static: fork()
 // while another thread measures (a background flight's first plan, say) would
 // leave the static's guard taken forever in the child. fork() waits for a
-// measurement in progress (`measuring_`, taken by the prepare handler): its
-// parallel ATen and BLAS calls may hold locks of those libraries, which the
-// child would inherit held (a child hung in its first product, rarely, in
-// CI). A child whose parent was about to measure takes the default model:
-// measuring again would run parallel ATen ops, and PyTorch's OpenMP pool
-// does not survive fork().
+// measurement in progress (the prepare handler waits for the state to leave
+// Measuring and holds the lock through the fork): its parallel ATen and BLAS
+// calls may hold locks of those libraries, which the child would inherit
+// held (a child hung in its first product, rarely, in CI). So the child has
+// the parent's model, or none begun (then measures its own), never one
+// begun and lost.
 class MeasuredOnce {
 public:
   template <typename Measure>
@@ -179,12 +179,6 @@ public:
     std::unique_lock<std::mutex> lock(m_);
     cv_.wait(lock, [&] { return state_ != State::Measuring; });
     if (state_ == State::Done) return model_;
-    // `measuring_` is held for as long as the state says Measuring: a
-    // fork() then either waits for the measurement (its prepare handler
-    // takes it) or leaves the child a model not yet begun, never one begun
-    // and lost. (Taken under m_ only here, where the state is not
-    // Measuring: no other measurement holds it, only a fork in progress.)
-    std::unique_lock<std::mutex> hold(measuring_);
     state_ = State::Measuring;
     lock.unlock();
     plan::CostModel measured;
@@ -203,22 +197,20 @@ public:
     return model_;
   }
 
-  void before_fork() { measuring_.lock(); }
-  void after_fork_in_parent() { measuring_.unlock(); }
+  void before_fork() {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return state_ != State::Measuring; });
+    lock.release();  // held through the fork
+  }
+  void after_fork_in_parent() { m_.unlock(); }
   void after_fork_in_child() {
-    new (&measuring_) std::mutex();  // locked by the prepare handler
-    new (&m_) std::mutex();  // the parent's may have been held by a thread the child lacks
+    new (&m_) std::mutex();  // locked by the prepare handler
     new (&cv_) std::condition_variable();
-    if (state_ == State::Measuring) {
-      model_ = plan::CostModel();
-      state_ = State::Done;
-    }
   }
 
 private:
   enum class State { None, Measuring, Done };
   std::mutex m_;
-  std::mutex measuring_;  // held while measure() runs
   std::condition_variable cv_;
   State state_ = State::None;
   plan::CostModel model_;
