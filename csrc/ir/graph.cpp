@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <unordered_map>
 
 namespace torch_mgpu::ir {
 
@@ -18,17 +17,16 @@ Graph build_graph(const std::vector<Value>& roots) {
   };
   std::vector<Frame> stack;
   for (const auto& r : roots) {
-    if (!r.node || !r.node->is_pending() || index.count(r.node.get())) continue;
+    if (!r.node || !r.node->is_pending() || !index.insert(r.node.get(), -1)) continue;
     stack.push_back({r.node, 0});
-    index[r.node.get()] = -1;
     while (!stack.empty()) {
       Frame& f = stack.back();
       if (f.next < f.node->operands.size()) {
         const NodePtr& child = f.node->operands[f.next++].node;
-        if (child && child->is_pending() && index.emplace(child.get(), -1).second) stack.push_back({child, 0});
+        if (child && child->is_pending() && index.insert(child.get(), -1)) stack.push_back({child, 0});
         continue;
       }
-      index[f.node.get()] = static_cast<int>(g.nodes.size());
+      *index.get(f.node.get()) = static_cast<int>(g.nodes.size());
       g.nodes.push_back(std::move(f.node));
       stack.pop_back();
     }
@@ -40,8 +38,7 @@ Graph build_graph(const std::vector<Value>& roots) {
     const Node& n = *g.nodes[i];
     h = hash_combine(h, n.hash());
     for (const auto& v : n.operands) {
-      auto it = index.find(v.node.get());
-      int d = it == index.end() ? -1 : it->second;
+      const int d = g.find(v.node.get());
       h = hash_combine(h, static_cast<uint64_t>(d + 1));
       h = hash_combine(h, static_cast<uint64_t>(v.index));
       if (d >= 0) {
@@ -54,8 +51,7 @@ Graph build_graph(const std::vector<Value>& roots) {
     }
   }
   for (const auto& r : roots) {
-    auto it = index.find(r.node.get());
-    h = hash_combine(h, it == index.end() ? 0 : static_cast<uint64_t>(it->second + 1));
+    h = hash_combine(h, static_cast<uint64_t>(g.find(r.node.get()) + 1));
     h = hash_combine(h, static_cast<uint64_t>(r.index));
   }
   g.hash = h;

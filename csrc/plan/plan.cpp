@@ -61,21 +61,20 @@ void bounds_from_plan(const ir::Graph& g, const Plan& p, int lanes, Estimate& e)
 void compute_reuse(const ir::Graph& g, Plan& p) {
   // Readers per value: graph outputs by (index, output); materialized
   // operands by node pointer (they have one output).
-  const auto& index = g.index;
   std::vector<std::vector<int>> graph_readers(g.size());
   for (size_t i = 0; i < g.size(); ++i) graph_readers[i].assign(g.nodes[i]->outputs.size(), 0);
   std::unordered_map<const ir::Node*, int> leaf_readers;
   for (const auto& node : g.nodes)
     for (const auto& v : node->operands) {
-      auto it = index.find(v.node.get());
-      if (it != index.end()) graph_readers[it->second][v.index]++;
+      const int d = g.find(v.node.get());
+      if (d >= 0) graph_readers[d][v.index]++;
       else leaf_readers[v.node.get()]++;
     }
   std::vector<std::vector<bool>> is_root(g.size());
   for (size_t i = 0; i < g.size(); ++i) is_root[i].assign(g.nodes[i]->outputs.size(), false);
   for (const auto& r : g.roots) {
-    auto it = index.find(r.node.get());
-    if (it != index.end()) is_root[it->second][r.index] = true;
+    const int d = g.find(r.node.get());
+    if (d >= 0) is_root[d][r.index] = true;
   }
   p.reuse.assign(g.size(), {});
   for (size_t i = 0; i < g.size(); ++i) {
@@ -84,9 +83,8 @@ void compute_reuse(const ir::Graph& g, Plan& p) {
     for (const auto& o : n.outputs) {
       if (o.mutated_operand < 0) continue;
       const auto& v = n.operands[o.mutated_operand];
-      auto it = index.find(v.node.get());
-      bool only = it != index.end() ? graph_readers[it->second][v.index] == 1 && !is_root[it->second][v.index]
-                                    : leaf_readers[v.node.get()] == 1;
+      const int d = g.find(v.node.get());
+      bool only = d >= 0 ? graph_readers[d][v.index] == 1 && !is_root[d][v.index] : leaf_readers[v.node.get()] == 1;
       p.reuse[i][o.mutated_operand] = only;
     }
   }

@@ -143,6 +143,30 @@ TEST(Graph, DeadBranchesFreedByReferenceCount) {
   EXPECT_EQ(pending_op_count(), before + 1);
 }
 
+TEST(Graph, NodeIndexGrowsAndFindsEveryNode) {
+  // Past several growths, with addresses that share their low bits.
+  std::vector<Node> nodes(5000);
+  NodeIndex index;
+  for (size_t i = 0; i < nodes.size(); ++i) EXPECT_TRUE(index.insert(&nodes[i], static_cast<int>(i)));
+  EXPECT_FALSE(index.insert(&nodes[17], 99));  // present: kept as it was
+  EXPECT_EQ(index.size(), nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int* at = index.get(&nodes[i]);
+    ASSERT_NE(at, nullptr);
+    EXPECT_EQ(*at, static_cast<int>(i));
+  }
+  Node other;
+  EXPECT_FALSE(index.contains(&other));
+  EXPECT_FALSE(NodeIndex().contains(&other));
+  // A graph's positions: every node at its own, a leaf nowhere.
+  auto x = leaf();
+  Value cur = x;
+  for (int i = 0; i < 3000; ++i) cur = v(op("aten::add", {cur}));
+  auto g = build_graph({cur});
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g.find(g.nodes[i].get()), static_cast<int>(i));
+  EXPECT_EQ(g.find(x.node.get()), -1);
+}
+
 TEST(Graph, ExecutedNodesStopCounting) {
   int64_t before = pending_op_count();
   auto n = op("aten::relu", {leaf()});
