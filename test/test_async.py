@@ -276,6 +276,10 @@ _FORK_WHILE_MEASURING = r"""
 import os, sys, threading, time
 import torch, torch_mgpu
 torch_mgpu.configure(devices=["cpu"], lanes_per_device=2, policy="heft")
+if len(sys.argv) > 2:
+    # The sanitizer's allocator serves the measurement's tensors: fork must
+    # wait for the measurement before it takes that allocator's lock.
+    torch_mgpu._C._stream_sanitizer_start()
 x = torch.randn(16, 16)
 xm = x.to("mgpu")
 # The process's first plan measures the cost model (tens of ms): fork while a
@@ -302,13 +306,13 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
-@pytest.mark.parametrize("when", ["flight", "0", "0.02"])
+@pytest.mark.parametrize("when", ["flight", "0", "0.02", "0 sanitizer", "0.02 sanitizer"])
 def test_fork_while_the_cost_model_is_measured(when):
     # A fresh interpreter, so the measurement really is the process's first.
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", _FORK_WHILE_MEASURING, when], start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", _FORK_WHILE_MEASURING, *when.split()], start_new_session=True)
     try:
         assert proc.wait(timeout=120) == 0
     except subprocess.TimeoutExpired:

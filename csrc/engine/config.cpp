@@ -1,6 +1,7 @@
 // Where graphs run: the lanes (from the environment, then configure()), the
 // cost model measured once per process, and the stream sanitizer's switch.
 #include "engine/config.h"
+#include "ir/fork_order.h"
 #include "capture/capture.h"
 #include "runtime/calibrate.h"
 #include "runtime/lanes.h"
@@ -123,7 +124,7 @@ Config::Config() {
   lanes = make_lanes(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)), p ? p : "auto");
   // A fork() while the background worker plans under `m` would leave it
   // held in the child, whose first sync needs it: fork waits for it.
-  pthread_atfork([] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });
+  ir::on_fork(ir::ForkRank::Config, [] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });
 }
 
 int Config::default_lanes(const std::vector<std::string>& devices) {
@@ -227,7 +228,8 @@ MeasuredOnce& device_model() {
 const bool g_models_atfork = [] {
   cpu_model();
   device_model();
-  pthread_atfork(
+  ir::on_fork(
+      ir::ForkRank::WaitForWork,
       [] {
         cpu_model().before_fork();
         device_model().before_fork();

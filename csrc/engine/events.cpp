@@ -5,6 +5,7 @@
 // was recorded, if they had all run by then). elapsed_time between two
 // events is therefore measured lane time.
 #include "capture/capture.h"
+#include "ir/fork_order.h"
 #include "capture/state_lock.h"
 #include "engine/events.h"
 #include "engine/execution.h"
@@ -34,7 +35,7 @@ Registry& registry() {
     auto* reg = new Registry();  // leaked: events may die during exit
     // A fork while another thread holds the mutex would leave it locked in
     // the child.
-    pthread_atfork([] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
+    ir::on_fork(ir::ForkRank::Registry, [] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
     return reg;
   }();
   return *r;

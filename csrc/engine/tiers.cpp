@@ -1,6 +1,7 @@
 // Tiered execution (see tiers.h): hot graphs, the compile queue, tier-1 runs
 // and the measured choice between the tiers.
 #include "engine/tiers.h"
+#include "ir/fork_order.h"
 
 #include "capture/lazy_tensor.h"
 #include "engine/plan_cache.h"
@@ -70,7 +71,7 @@ Tiers& tiers() {
     // A forked child has no compile thread: its queue and its graphs start
     // empty, its mutex free. The parent's compiled code is left as it is
     // (not destroyed: that would take the GIL in the child).
-    pthread_atfork([] { g_tiers->m.lock(); }, [] { g_tiers->m.unlock(); }, [] {
+    ir::on_fork(ir::ForkRank::Tiers, [] { g_tiers->m.lock(); }, [] { g_tiers->m.unlock(); }, [] {
       new (&g_tiers->m) std::mutex();
       new (&g_tiers->cv) std::condition_variable();
       new (&g_tiers->entries) std::unordered_map<uint64_t, Entry>();

@@ -1,4 +1,5 @@
 #include "ir/held_bytes.h"
+#include "ir/fork_order.h"
 
 #include <pthread.h>
 
@@ -24,7 +25,7 @@ Registry& registry() {
     auto* reg = new Registry();  // leaked: storages die during static teardown
     // Lanes hold and release while a flight runs: a fork then must not
     // leave the mutex locked in the child.
-    pthread_atfork([] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
+    ir::on_fork(ir::ForkRank::Registry, [] { registry().m.lock(); }, [] { registry().m.unlock(); }, [] { registry().m.unlock(); });
     return reg;
   }();
   return *r;

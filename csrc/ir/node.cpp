@@ -1,4 +1,5 @@
 #include "ir/node.h"
+#include "ir/fork_order.h"
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
 
@@ -106,7 +107,7 @@ std::mutex& replica_making_mutex() {
     auto* made = new std::mutex();  // leaked: nodes die during exit
     // A flight's lane may hold it when the program forks: the child must
     // not inherit it locked.
-    pthread_atfork([] { replica_making_mutex().lock(); }, [] { replica_making_mutex().unlock(); },
+    on_fork(ForkRank::Registry, [] { replica_making_mutex().lock(); }, [] { replica_making_mutex().unlock(); },
                    [] { replica_making_mutex().unlock(); });
     return made;
   }();
@@ -285,7 +286,7 @@ struct PoolAllocator {
   static BlockPool& pool() {
     static BlockPool* p = [] {
       auto* made = new BlockPool(sizeof(T));
-      pthread_atfork(nullptr, nullptr, [] { pool().reset_in_child(); });
+      on_fork(ForkRank::ChildOnly, nullptr, nullptr, [] { pool().reset_in_child(); });
       return made;
     }();
     return *p;

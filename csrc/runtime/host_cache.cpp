@@ -1,4 +1,5 @@
 #include "runtime/host_cache.h"
+#include "ir/fork_order.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -36,7 +37,7 @@ Cache& cache() {
     c->limit = (e ? static_cast<size_t>(std::max(0L, std::atol(e))) : size_t(1024)) << 20;
     // A fork() taken while another thread holds the lock would leave it
     // locked in the child: hold it across the fork instead.
-    pthread_atfork([] { cache().m.lock(); }, [] { cache().m.unlock(); }, [] { cache().m.unlock(); });
+    ir::on_fork(ir::ForkRank::HostCache, [] { cache().m.lock(); }, [] { cache().m.unlock(); }, [] { cache().m.unlock(); });
     return c;
   }();
   return *c;

@@ -1,4 +1,5 @@
 #include "runtime/lanes.h"
+#include "ir/fork_order.h"
 
 #include <ATen/Parallel.h>
 
@@ -23,7 +24,7 @@ std::atomic<bool> g_threads_started{false};  // lane or background threads exist
 // fork() copies only the calling thread: in the child, the lane workers and
 // the background worker do not exist.
 const bool g_atfork_registered = [] {
-  pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+  ir::on_fork(ir::ForkRank::ChildOnly, nullptr, nullptr, [] { g_forked_child.store(true); });
   return true;
 }();
 } // namespace

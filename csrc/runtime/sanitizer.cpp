@@ -1,4 +1,5 @@
 #include "runtime/sanitizer.h"
+#include "ir/fork_order.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Stream.h>
@@ -352,7 +353,8 @@ constexpr uint8_t kAllocatorPriority = 2;  // above the host cache's (host_cache
 // fork() while another thread holds one of these would leave it held in the
 // child, where the allocator wrapper's frees take it.
 const bool g_atfork_registered = [] {
-  pthread_atfork(
+  ir::on_fork(
+      ir::ForkRank::Sanitizer,
       [] {
         state().m.lock();
         if (TrackingAllocator::self) TrackingAllocator::self->m.lock();

@@ -1,7 +1,11 @@
 // The IR alone: nodes, values, hashing, graph building, printing. No op runs.
+#include "ir/fork_order.h"
 #include "ir/graph.h"
 
 #include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -165,6 +169,30 @@ TEST(Graph, NodeIndexGrowsAndFindsEveryNode) {
   auto g = build_graph({cur});
   for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g.find(g.nodes[i].get()), static_cast<int>(i));
   EXPECT_EQ(g.find(x.node.get()), -1);
+}
+
+std::vector<int>& fork_steps() {
+  static std::vector<int> steps;
+  return steps;
+}
+
+TEST(Fork, HandlersRunByRankWhateverTheirRegistrationOrder) {
+  // Registered leaf lock first, the wait last: pthread_atfork alone would
+  // run the wait's prepare handler first and the lock's last.
+  on_fork(ForkRank::HostCache, [] { fork_steps().push_back(31); }, [] { fork_steps().push_back(-31); },
+          [] { fork_steps().push_back(131); });
+  on_fork(ForkRank::Registry, [] { fork_steps().push_back(20); }, [] { fork_steps().push_back(-20); },
+          [] { fork_steps().push_back(120); });
+  on_fork(ForkRank::WaitForWork, [] { fork_steps().push_back(0); }, [] { fork_steps().push_back(-100); },
+          [] { fork_steps().push_back(100); });
+  fork_steps().clear();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(fork_steps() == std::vector<int>{0, 20, 31, 131, 120, 100} ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's handlers ran out of order";
+  EXPECT_EQ(fork_steps(), (std::vector<int>{0, 20, 31, -31, -20, -100}));
 }
 
 TEST(Graph, ExecutedNodesStopCounting) {
