@@ -297,11 +297,29 @@ def test_a_python_number_and_a_0_dim_tensor_promote_differently():
     assert_same(torch.arange(5, device="mgpu") + torch.tensor(2.5, dtype=torch.float64), i + torch.tensor(2.5, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("op", [torch.abs, torch.logical_not, torch.neg, torch.exp])
+POINTWISE_LAYOUT_OPS = [torch.abs, torch.logical_not, torch.neg, torch.exp, torch.isinf,
+                        lambda t: torch.logical_and(t, t), lambda t: torch.abs(t, out=torch.empty(0, device=t.device))]
+
+
+@pytest.mark.parametrize("op", POINTWISE_LAYOUT_OPS)
 def test_pointwise_results_keep_their_inputs_dense_layout(op):
     x = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
     p = torch.randn(2, 3, 4).permute(2, 0, 1)
     for t in (x, p):
+        got, want = op(t.to("mgpu")), op(t)
+        assert got.stride() == want.stride()
+        assert_same(got, want)
+
+
+# Above 16,384 input elements the CPU kernel does not run at the call (its
+# probe runs on a cut): the layout is still eager's, abs and logical_not
+# (composites over an empty out= tensor) included.
+@pytest.mark.parametrize("op", POINTWISE_LAYOUT_OPS)
+def test_pointwise_results_of_large_inputs_keep_their_layout(op):
+    x = torch.randn(130, 140, generator=torch.Generator().manual_seed(5))
+    c = torch.randn(4, 70, 80, 3, generator=torch.Generator().manual_seed(6)).contiguous(memory_format=torch.channels_last)
+    for t in (x.t(), c):
+        assert t.numel() > 16384
         got, want = op(t.to("mgpu")), op(t)
         assert got.stride() == want.stride()
         assert_same(got, want)

@@ -693,26 +693,46 @@ void saves_nothing_in_eval(const c10::FunctionSchema& schema, c10::ArrayRef<c10:
   }
 }
 
-// A pointwise op's result takes its input's layout when that is dense (as
+// A pointwise op's result takes its inputs' layout when that is dense (as
 // TensorIterator lays it out: channels-last stays channels-last, a permuted
-// tensor's result is permuted alike). A few Meta kernels (abs,
-// logical_not) return contiguous strides there; the result gets eager's.
-void follow_input_layout(c10::ArrayRef<c10::IValue> args, MetaResult& r) {
-  if (r.tensors.size() != 1 || !r.tensors[0].defined || r.tensors[0].alias >= 0) return;
-  const at::Tensor* input = nullptr;
-  for (const auto& v : args) {
-    if (!v.isTensor() || !is_mgpu(v.toTensor())) continue;
-    if (input) return;  // one tensor input only: with several, TensorIterator weighs them all
-    input = &v.toTensor();
+// tensor's result is permuted alike). A few Meta kernels (abs, logical_not,
+// logical_and, isinf: composites that call their out= kernel on an empty
+// tensor) return contiguous strides there; the result gets eager's. The
+// probe's CPU run corrects it in calls small enough to run whole; this
+// holds above that size too.
+//
+// The layout every mgpu tensor the call reads shares, where each is dense,
+// not contiguous and of `sizes`; empty where they differ (TensorIterator
+// then weighs them, which is left to the probe) or there are none.
+c10::IntArrayRef shared_input_layout(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                     c10::IntArrayRef sizes) {
+  const at::Tensor* first = nullptr;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i < schema.arguments().size() && schema.arguments()[i].is_out()) continue;
+    if (!args[i].isTensor() || !is_mgpu(args[i].toTensor())) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (t.sizes() != sizes || t.is_contiguous() || !t.is_non_overlapping_and_dense()) return {};
+    if (first && first->strides() != t.strides()) return {};
+    if (!first) first = &t;
   }
-  if (!input) return;
-  auto& out = r.tensors[0].geom;
-  if (c10::IntArrayRef(out.sizes) != input->sizes() || input->is_contiguous() ||
-      !input->is_non_overlapping_and_dense())
-    return;
-  const auto contiguous = c10::contiguous_strides(input->sizes());
-  if (c10::IntArrayRef(out.strides) != c10::IntArrayRef(contiguous) || out.offset != 0) return;
-  out.strides.assign(input->strides().begin(), input->strides().end());
+  return first ? first->strides() : c10::IntArrayRef();
+}
+
+void follow_input_layout(const c10::FunctionSchema& schema, const Call& call, c10::ArrayRef<c10::IValue> args,
+                         MetaResult& r) {
+  auto follow = [&](ir::TensorGeometry& out) {
+    if (out.offset != 0 || c10::IntArrayRef(out.strides) != c10::IntArrayRef(c10::contiguous_strides(out.sizes)))
+      return;
+    const auto strides = shared_input_layout(schema, args, out.sizes);
+    if (!strides.empty()) out.strides.assign(strides.begin(), strides.end());
+  };
+  if (r.tensors.size() == 1 && r.tensors[0].defined && r.tensors[0].alias < 0) follow(r.tensors[0].geom);
+  // An out= tensor the call resizes (the empty one a composite made) is
+  // laid out as a fresh result; one of the right size keeps its own.
+  for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k)
+    if (schema.arguments()[call.mutated_at[k].first].is_out() &&
+        r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes)
+      follow(r.mutated_geom[k]);
 }
 
 void make_contiguous(MetaResult& r) {
@@ -949,7 +969,7 @@ const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, 
         (info.contiguous_if_complex && !args.empty() && args[0].isTensor() && args[0].toTensor().is_complex())) {
       make_contiguous(fresh);
     } else if (op.hasTag(at::Tag::pointwise)) {
-      follow_input_layout(args, fresh);
+      follow_input_layout(schema, full, args, fresh);
     }
     if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key, fresh);
     cached = &fresh;
