@@ -342,6 +342,26 @@ def test_ops_that_size_a_fresh_out_tensor_compile(tiered, no_trial):
     assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn", [lambda t: torch.floor(t * 1.7 / 0.7), lambda t: torch.tanh(t * 1.0001) * 2 + t],
+                         ids=["floor", "tanh"])
+def test_compiled_low_precision_rounds_between_ops_as_eager(tiered, no_trial, dtype, fn):
+    # Fused, inductor would keep each intermediate in float32 where eager
+    # rounds it to the dtype: thousands of these 20,000 results differ
+    # (a floor by a whole unit) unless the compiled code rounds as eager.
+    x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    xm = x.to("mgpu")
+    want = fn(x)
+    tiers = []
+    for k in range(4):
+        got = fn(xm).cpu()
+        assert torch.equal(got, want), f"{(got != want).sum().item()} of {x.numel()} differ in tier {torch_mgpu.last_plan().tier}"
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers[2:] == [1, 1], torch_mgpu._C._tier_last_error()
+
+
 def test_an_out_tensor_resized_over_its_bytes_stays_in_tier_0(tiered):
     x = torch.randn(6)
     xm = x.to("mgpu")
