@@ -40,10 +40,8 @@ class BorrowedArgs {
   // ordinary path, and is left to the stack).
   ~BorrowedArgs() {
     for (const auto& [i, impl] : slots_) {
-      if (i >= stack_->size()) continue;
-      c10::IValue& v = (*stack_)[i];
-      if (!v.isTensor() || v.unsafeToTensorImpl() != impl) continue;
-      at::Tensor borrowed = std::move(v).toTensor();
+      if (!holds(i, impl)) continue;
+      at::Tensor borrowed = std::move((*stack_)[i]).toTensor();
       c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(borrowed);
     }
   }
@@ -85,10 +83,16 @@ class BorrowedArgs {
   // written over would be released without a reference (a use after free).
   c10::IValue& slot(uint32_t i, const c10::TensorImpl* impl) {
     TORCH_INTERNAL_ASSERT(i < stack_->size(), "mgpu: a borrowed argument was dropped from the stack");
-    c10::IValue& v = (*stack_)[i];
-    TORCH_INTERNAL_ASSERT(v.isTensor() && v.unsafeToTensorImpl() == impl,
-                          "mgpu: a borrowed argument was replaced on the stack");
-    return v;
+    TORCH_INTERNAL_ASSERT(holds(i, impl), "mgpu: a borrowed argument was replaced on the stack");
+    return (*stack_)[i];
+  }
+
+  // Whether slot `i` holds still the tensor it was given (the one check,
+  // which slot() asserts and the destructor asks without throwing).
+  bool holds(uint32_t i, const c10::TensorImpl* impl) const noexcept {
+    if (i >= stack_->size()) return false;
+    const c10::IValue& v = (*stack_)[i];
+    return v.isTensor() && v.unsafeToTensorImpl() == impl;
   }
 
   torch::jit::Stack* stack_;
