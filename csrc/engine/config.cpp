@@ -40,6 +40,19 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// The number the environment variable `name` holds, parsed whole: finite
+// and positive (a link's figures; 0 would read as "not measured"); nullopt
+// where it is not set.
+std::optional<double> env_number(const char* name, const char* unit) {
+  const char* text = std::getenv(name);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  TORCH_CHECK(end != text && *end == '\0' && std::isfinite(v) && v > 0, "torch_mgpu: ", name,
+              " must be a positive number of ", unit, ", got '", text, "'");
+  return v;
+}
+
 // Greets each worker rank `t` names (same build on both sides) and
 // measures the network to them: a request's round trip, and the bandwidth
 // of a few megabytes sent.
@@ -65,15 +78,11 @@ void check_remote_devices(plan::Topology& t) {
     rates.push_back(static_cast<double>(kProbe) / std::max(1e-6, took - best));
   }
   // TORCH_MGPU_NETWORK_GBPS sets the bandwidth (GB/s) where the probe's
-  // figure is not the one to plan for (a link shared with other traffic).
-  std::optional<double> set_rate;
-  if (const char* gbps = std::getenv("TORCH_MGPU_NETWORK_GBPS")) {
-    char* end = nullptr;
-    const double rate = std::strtod(gbps, &end) * 1e9;
-    TORCH_CHECK(end != gbps && *end == '\0' && std::isfinite(rate) && rate > 0,
-                "torch_mgpu: TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '", gbps, "'");
-    set_rate = rate;
-  }
+  // figure is not the one to plan for (a link shared with other traffic);
+  // TORCH_MGPU_NETWORK_LATENCY_US the latency (below). Both are checked
+  // before anything is probed.
+  const std::optional<double> set_gbps = env_number("TORCH_MGPU_NETWORK_GBPS", "GB/s");
+  const std::optional<double> set_latency_us = env_number("TORCH_MGPU_NETWORK_LATENCY_US", "us");
   if (trips.empty()) return;
   // A value that crosses ranks mid-run also waits for the threads that
   // carry it (the transport's, the receiving lane's) to get a core while
@@ -84,9 +93,9 @@ void check_remote_devices(plan::Topology& t) {
   // TORCH_MGPU_NETWORK_LATENCY_US sets the figure.
   constexpr double kBusyLatency = 1e-3;
   t.link_latency_s = std::max(kBusyLatency, *std::max_element(trips.begin(), trips.end()) / 2);
-  if (const char* us = std::getenv("TORCH_MGPU_NETWORK_LATENCY_US")) t.link_latency_s = std::atof(us) * 1e-6;
+  if (set_latency_us) t.link_latency_s = *set_latency_us * 1e-6;
   t.link_bytes_per_s = *std::min_element(rates.begin(), rates.end());
-  if (set_rate) t.link_bytes_per_s = *set_rate;
+  if (set_gbps) t.link_bytes_per_s = *set_gbps * 1e9;
 }
 
 // The devices a topology string names, checked against what this machine has.
