@@ -296,25 +296,18 @@ def test_bad_remote_devices_are_refused_at_configure():
             else:
                 raise AssertionError(devs)
             assert torch_mgpu.lanes() == before
-        for bad in ("0", "10GB", "inf", "-1"):
-            os.environ["TORCH_MGPU_NETWORK_GBPS"] = bad
-            try:
-                torch_mgpu.configure(devices=["rank1:cpu"])
-            except RuntimeError as e:
-                assert f"TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got '{bad}'" in str(e), str(e)
-            else:
-                raise AssertionError(f"a bandwidth of {bad} was taken")
-            assert torch_mgpu.lanes() == before
-        del os.environ["TORCH_MGPU_NETWORK_GBPS"]
-        for bad in ("1ms", "-5", "nan", "", "0"):
-            os.environ["TORCH_MGPU_NETWORK_LATENCY_US"] = bad
-            try:
-                torch_mgpu.configure(devices=["rank1:cpu"])
-            except RuntimeError as e:
-                assert f"TORCH_MGPU_NETWORK_LATENCY_US must be a positive number of us, got '{bad}'" in str(e), str(e)
-            else:
-                raise AssertionError(f"a latency of {bad!r} was taken")
-            assert torch_mgpu.lanes() == before
+        for name, unit, bads in (("TORCH_MGPU_NETWORK_GBPS", "GB/s", ("0", "10GB", "inf", "-1")),
+                                 ("TORCH_MGPU_NETWORK_LATENCY_US", "us", ("1ms", "-5", "nan", "", "0"))):
+            for bad in bads:
+                os.environ[name] = bad
+                try:
+                    torch_mgpu.configure(devices=["rank1:cpu"])
+                except RuntimeError as e:
+                    assert f"{name} must be a positive number of {unit}, got '{bad}'" in str(e), str(e)
+                else:
+                    raise AssertionError(f"{name}={bad!r} was taken")
+                assert torch_mgpu.lanes() == before
+            del os.environ[name]
         os.environ["TORCH_MGPU_NETWORK_LATENCY_US"] = "2.5"
         torch_mgpu.configure(devices=["rank1:cpu"])
         assert abs(torch_mgpu._C._cost_model()["network_latency_s"] - 2.5e-6) < 1e-12

@@ -693,6 +693,12 @@ void saves_nothing_in_eval(const c10::FunctionSchema& schema, c10::ArrayRef<c10:
   }
 }
 
+// Whether written slot `k` is an out= tensor whose sizes the call changes.
+bool resizes_out(const c10::FunctionSchema& schema, const Call& call, const MetaResult& r, size_t k) {
+  return schema.arguments()[call.mutated_at[k].first].is_out() &&
+      r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes;
+}
+
 // A pointwise op's result takes its inputs' layout when that is dense (as
 // TensorIterator lays it out: channels-last stays channels-last, a permuted
 // tensor's result is permuted alike). A few Meta kernels (abs, logical_not,
@@ -730,9 +736,7 @@ void follow_input_layout(const c10::FunctionSchema& schema, const Call& call, c1
   // An out= tensor the call resizes (the empty one a composite made) is
   // laid out as a fresh result; one of the right size keeps its own.
   for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k)
-    if (schema.arguments()[call.mutated_at[k].first].is_out() &&
-        r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes)
-      follow(r.mutated_geom[k]);
+    if (resizes_out(schema, call, r, k)) follow(r.mutated_geom[k]);
 }
 
 void make_contiguous(MetaResult& r) {
@@ -775,9 +779,7 @@ void keep_out_layouts(const c10::FunctionSchema& schema, const Call& call, MetaR
 // Whether the call changes the sizes of one of its out= tensors.
 bool resizes_an_out(const c10::FunctionSchema& schema, const Call& call, const MetaResult& r) {
   for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k)
-    if (schema.arguments()[call.mutated_at[k].first].is_out() &&
-        r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes)
-      return true;
+    if (resizes_out(schema, call, r, k)) return true;
   return false;
 }
 
