@@ -157,6 +157,18 @@ cuda_build() {
     -DTORCH_MGPU_USE_CUDA=ON -DTORCH_MGPU_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v "$py")" \
     -DTORCH_MGPU_PY_SUFFIX="$suffix" -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$out" >/dev/null
   cmake --build "$build" -j "$(nproc)"
+  no_static_libstdcxx "$out/libtorch_mgpu.so"
+}
+
+# libstdc++'s own code (stream insertion, locales; mangled names, which every
+# binutils reads alike) defined inside library $1 is a second libstdc++ beside
+# the libstdc++.so.6 PyTorch loads: writing a number into a stream crashed
+# there (cmake/SharedLibstdcxx.cmake).
+no_static_libstdcxx() {
+  local n
+  n=$(nm -D --defined-only "$1" | grep -c -E ' (_ZNSo9_M_insert|_ZNSt6locale|_ZNSt7codecvt)' || true)
+  echo "libstdc++ definitions inside $(basename "$1"): $n"
+  [ "$n" -eq 0 ] || { echo "$1 holds a copy of libstdc++"; exit 1; }
 }
 
 # Compile-only check against the CUDA 13 build of torch 2.14.1 (from local
@@ -194,10 +206,6 @@ gpu() {
   nvidia-smi -L 2>/dev/null || true
   echo "compiler: $(c++ --version | head -1)"
   cuda_build "$py" build-gpu "$ROOT/torch_mgpu"
-  # libstdc++'s own code linked into the library (rather than taken from
-  # libstdc++.so) would be a second copy of iostreams and locales.
-  echo "libstdc++ definitions inside libtorch_mgpu.so: $(nm -DC --defined-only "$ROOT/torch_mgpu/libtorch_mgpu.so" |
-    grep -c -E 'std::(codecvt|locale|basic_ostream<char, std::char_traits<char> >::_M_insert)' || true)"
   mkdir -p "$logs"
   cc -shared -fPIC -O1 -o "$logs/native_backtrace.so" "$ROOT/scripts/native_backtrace.c" || true
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_mgpu
+from conftest import CUDA_LANES_TOLERANCE, on_cuda_lanes
 
 
 def test_backward_is_lazy_and_grads_on_mgpu():
@@ -122,5 +123,8 @@ def test_gradients_of_a_first_layer_whose_input_needs_none(norm):
     mg = copy.deepcopy(ref).to("mgpu")
     ref(x).square().sum().backward()
     mg(x.to("mgpu")).square().sum().backward()
+    # (The convolution's bias has a gradient of zero but for rounding, which a
+    # GPU's kernels round otherwise: 5e-6 against eager CPU's on an H100.)
+    tolerance = CUDA_LANES_TOLERANCE if on_cuda_lanes() else dict(rtol=1e-5, atol=1e-6)
     for p_ref, p_mg in zip(ref.parameters(), mg.parameters()):
-        torch.testing.assert_close(p_mg.grad.cpu(), p_ref.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p_mg.grad.cpu(), p_ref.grad, **tolerance)
