@@ -190,15 +190,28 @@ cuda_compile() {
 # the lanes' physical devices (CUDA stream lanes on every GPU, virtual devices
 # over one GPU, cross-device copies, errors on a stream, random graphs,
 # autograd, the seeds' workloads), the device-interface tests and lanes on
-# other ranks (a worker process on the same GPU: "rank1:cuda:0"), then the GPU
-# benchmarks, which write benchmarks/RESULTS-gpu.md. Each test file runs in a
-# process of its own (a crash ends that file only), with a native stack
-# printed on a fatal signal (scripts/native_backtrace.c); logs go to
-# build-gpu/logs. TORCH_MGPU_GPU_PYTHON picks another interpreter.
+# other ranks (a worker process on the same GPU: "rank1:cuda:0"), with the
+# GPU benchmarks (benchmarks/RESULTS-gpu.md) before the remote-lane tests, the
+# longest (a lent machine's call is 10 minutes: on an H100 the build took 2,
+# the files before test_remote 4). Each test file runs in a process of its own
+# (a crash ends that file only; 300 s at most), with a native stack printed on
+# a fatal signal (scripts/native_backtrace.c); logs go to build-gpu/logs.
+# TORCH_MGPU_GPU_PYTHON picks another interpreter.
 GPU_TESTS="test_physical_devices test_parallel test_streams test_events test_memory test_accelerator test_faults
-  test_autograd test_stream_sanitizer test_gpu_model test_remote test_lazy"
+  test_autograd test_stream_sanitizer test_gpu_model test_lazy"
+gpu_test_file() {
+  local py=$1 f=$2 logs=$3 rc=0  # (set -e: a failing file must not end the run)
+  LD_PRELOAD="$logs/native_backtrace.so" timeout 300 "$py" -m pytest -q -p no:cacheprovider -rfE "test/$f.py" \
+    > "$logs/$f.log" 2>&1 || rc=$?
+  echo "$f: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/$f.log" | tail -1 || true) (exit $rc)"
+  if [ $rc -ne 0 ]; then
+    grep -E '^(FAILED|ERROR) ' "$logs/$f.log" | head -20 || true
+    grep -A24 '=== native stack' "$logs/$f.log" | c++filt | head -30 || true
+    return 1
+  fi
+}
 gpu() {
-  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f rc logs="$ROOT/build-gpu/logs"
+  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f logs="$ROOT/build-gpu/logs"
   export TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONUNBUFFERED=1
   "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
     { echo "gpu: $py's torch sees no CUDA device"; exit 1; }
@@ -211,17 +224,10 @@ gpu() {
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
   for f in $GPU_TESTS; do
-    rc=0  # (set -e: a failing file must not end the run)
-    LD_PRELOAD="$logs/native_backtrace.so" timeout 900 "$py" -m pytest -q -p no:cacheprovider -rfE "test/$f.py" \
-      > "$logs/$f.log" 2>&1 || rc=$?
-    echo "$f: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/$f.log" | tail -1 || true) (exit $rc)"
-    if [ $rc -ne 0 ]; then
-      status=1
-      grep -E '^(FAILED|ERROR) ' "$logs/$f.log" | head -20 || true
-      grep -A24 '=== native stack' "$logs/$f.log" | c++filt | head -30 || true
-    fi
+    gpu_test_file "$py" "$f" "$logs" || status=1
   done
   "$py" benchmarks/gpu.py "$@" || status=1
+  gpu_test_file "$py" test_remote "$logs" || status=1
   return $status
 }
 
