@@ -13,6 +13,9 @@ report file and prints the pass rate over the ops that run on CPU.
     python test/opinfo_harness.py --dtype int64    # the samples of another dtype
     python test/opinfo_harness.py --grad           # gradients: backward through each sample
     python test/opinfo_harness.py --inplace        # the ops' in-place variants (x.add_(y))
+    python test/opinfo_harness.py --transposed --large-path
+        # every call takes the path of calls above 16,384 elements (Meta
+        # kernels, the checks over a cut copy), whatever the samples' sizes
 
 A result matches when its values do and its layout does: the strides of
 every dimension longer than one are eager's (a later `view` succeeds or
@@ -352,7 +355,11 @@ def main():
     ap.add_argument("--dtype", default="float32", help="the samples' dtype (a torch attribute: float64, int64, ...)")
     ap.add_argument("--grad", action="store_true", help="gradients of every sample's leaves, by backward")
     ap.add_argument("--inplace", action="store_true", help="the in-place variants (x.add_(y)) of the ops with one")
+    ap.add_argument("--large-path", action="store_true",
+                    help="every call recorded as calls above 16,384 elements are (TORCH_MGPU_FULL_PROBE_NUMEL=0)")
     a = ap.parse_args()
+    if a.large_path:
+        os.environ["TORCH_MGPU_FULL_PROBE_NUMEL"] = "0"  # the workers inherit it
     mode = ("noncontiguous" if a.noncontiguous else "transposed" if a.transposed else "grad" if a.grad else
             "inplace" if a.inplace else "")
     if a.worker:

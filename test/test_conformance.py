@@ -353,6 +353,130 @@ def test_results_of_inputs_of_mixed_layouts_have_eagers_strides(case):
         assert_same(got.view(-1), flat)
 
 
+def _large_layouts(device, dtype):
+    # The same values on each device, laid out by views taken there (a
+    # non-dense tensor moved to another device arrives contiguous).
+    g = torch.Generator().manual_seed(21)
+
+    def r(*sizes):
+        # Positive (log, sqrt, pow stay finite); integers from 1 to 4.
+        x = torch.rand(*sizes, generator=g) + 0.5
+        return (x * 3 if dtype == torch.int64 else x).to(dtype).to(device)
+
+    t = r(140, 130).t()
+    cl = r(2, 3, 60, 50).contiguous(memory_format=torch.channels_last)
+    c4 = r(2, 3, 60, 50)
+    p3 = r(30, 40, 50).permute(2, 0, 1)
+    sliced = r(130, 280)[:, ::2]
+    return {
+        "t": (t,), "channels_last": (cl,), "permuted": (p3,), "sliced": (sliced,),
+        "broadcast_t": (r(1, 140).expand(130, 140).t(),),
+        "t,contiguous": (t, r(130, 140)), "contiguous,t": (r(130, 140), t),
+        "t,row": (t, r(140)), "row,t": (r(140), t), "t,sliced": (t, sliced),
+        "channels_last,contiguous": (cl, c4), "contiguous,channels_last": (c4, cl),
+        "channels_last,broadcast": (cl, r(3, 1, 1)), "permuted,contiguous": (p3, r(50, 30, 40)),
+        "t,number": (t, 1.5), "channels_last,number": (cl, 2.0),
+    }
+
+
+# Every unary and binary ufunc of PyTorch's OpInfo database, over inputs too
+# large for the CPU kernel to run at the call (above 16,384 elements), of
+# mixed layouts: the result's strides are eager's. Meta kernels lay many
+# out otherwise (logical_and, copysign, xlogy, floor_divide, polar, complex
+# follow another order; abs, logical_not come back contiguous; log_sigmoid
+# and rrelu follow their input where eager's are contiguous); the CPU
+# kernel's run over cut inputs in the call's order of dims tells.
+def test_ufunc_results_of_large_inputs_of_mixed_layouts_have_eagers_strides():
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
+    checked, wrong = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for dtype in (torch.float32, torch.int64):
+            on_cpu, on_mgpu = _large_layouts("cpu", dtype), _large_layouts("mgpu", dtype)
+            for op in op_db:
+                if not isinstance(op, (BinaryUfuncInfo, UnaryUfuncInfo)):
+                    continue
+                arity = 2 if isinstance(op, BinaryUfuncInfo) else 1
+                if arity == 1 and dtype != torch.float32:
+                    continue
+                for name, args in on_cpu.items():
+                    if len(args) != arity:
+                        continue
+                    assert max(a.numel() for a in args if isinstance(a, torch.Tensor)) > 16384
+                    try:
+                        want = op.op(*args)
+                    except Exception:
+                        continue  # not for this dtype
+                    if not isinstance(want, torch.Tensor):
+                        continue
+                    got = op.op(*on_mgpu[name])
+                    checked += 1
+                    same = got.stride() == want.stride() and got.dtype == want.dtype
+                    if same:
+                        g = got.cpu()
+                        same = torch.allclose(g, want, rtol=1e-5, atol=1e-6, equal_nan=True) if (
+                            g.is_floating_point() or g.is_complex()) else torch.equal(g, want)
+                    if not same:
+                        wrong.append(f"{op.name} {name} {dtype}: eager {want.stride()} {want.dtype}, "
+                                     f"mgpu {got.stride()} {got.dtype}")
+    assert checked > 1500, checked
+    assert not wrong, "\n".join(wrong)
+
+
+# Other ops over large inputs (above 16,384 elements) laid out otherwise
+# than contiguous: where Meta kernels promise another layout than the CPU
+# kernel makes (batch norm over a transposed input: eager contiguous, Meta
+# the input's; eig's eigenvectors), the CPU kernel's run over cut inputs in
+# the call's order of dims tells; the others (fft, svd, a normal draw around
+# a transposed mean, log_softmax, a sum) must stay eager's too.
+@pytest.mark.parametrize("case", [
+    ("batch_norm", lambda x: torch.nn.functional.batch_norm(x.transpose(1, 2), None, None, training=True)),
+    ("batch_norm_channels_last", lambda x: torch.nn.functional.batch_norm(
+        x.reshape(4, 30, 10, 20).contiguous(memory_format=torch.channels_last), None, None, training=True)),
+    ("rfft2", lambda x: torch.fft.rfft2(x.transpose(1, 2))),
+    ("svd", lambda x: torch.linalg.svd(x.reshape(120, 200).t(), full_matrices=False)[0]),
+    ("eig", lambda x: torch.linalg.eig(x.reshape(-1)[:130 * 130].reshape(130, 130).t())[1]),
+    ("normal", lambda x: torch.normal(x.transpose(1, 2), 1.0).mul(0)),
+    ("log_softmax", lambda x: torch.log_softmax(x.transpose(1, 2), dim=1)),
+    ("sum_dim", lambda x: x.transpose(1, 2).sum(1)),
+])
+def test_results_of_large_inputs_have_eagers_strides(case):
+    name, f = case
+    x = torch.randn(4, 200, 30, generator=torch.Generator().manual_seed(31))
+    got, want = f(x.to("mgpu")), f(x)
+    assert got.stride() == want.stride(), (name, got.stride(), want.stride())
+    if name in ("svd", "eig"):  # signs and phases are the kernel's choice: compare magnitudes
+        torch.testing.assert_close(got.cpu().abs(), want.abs(), rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+# TORCH_MGPU_FULL_PROBE_NUMEL=0 records every call as calls above 16,384
+# elements are (the harness's --large-path): small mixed layouts then take
+# the cut run's order too. A value that is not a count is refused by name.
+@pytest.mark.parametrize("value, wanted", [("0", "ok"), ("16384", "ok"), ("abc", "ValueError"), ("-1", "ValueError"),
+                                           ("1e3", "ValueError"), ("", "ValueError")])
+def test_the_full_probe_limit_comes_from_the_environment(value, wanted):
+    import subprocess
+    import sys
+    code = (
+        "import torch, torch_mgpu\n"
+        "try:\n"
+        "    a, b = torch.rand(5, 4), torch.rand(4, 5)\n"
+        "    for f in (torch.logical_and, torch.copysign, torch.xlogy):\n"
+        "        got, want = f(a.to('mgpu').t(), b.to('mgpu')), f(a.t(), b)\n"
+        "        assert got.stride() == want.stride() and torch.equal(got.cpu(), want), f\n"
+        "    print('ok')\n"
+        "except ValueError as e:\n"
+        "    assert 'TORCH_MGPU_FULL_PROBE_NUMEL' in str(e), e\n"
+        "    print('ValueError')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TORCH_MGPU_FULL_PROBE_NUMEL=value))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == wanted, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("factory", [lambda d: torch.empty(3, device=d), lambda d: torch.empty(2, 2, dtype=torch.int32, device=d),
                                      lambda d: torch.empty_strided((2, 3), (1, 2), device=d),
                                      lambda d: torch.empty_like(torch.ones(3, dtype=torch.float64, device=d))])

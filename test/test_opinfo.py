@@ -38,6 +38,15 @@ def test_opinfo_conformance_column_major(tmp_path):
                 os.environ.get("TORCH_MGPU_OPINFO_TRANSPOSED_EVERY", "2"), 0.99, "--transposed")
 
 
+def test_opinfo_conformance_large_path_column_major(tmp_path):
+    # Every call recorded as calls above 16,384 elements are (Meta kernels,
+    # the checks over a copy cut to 2 per dim in the call's order of dims),
+    # column-major inputs: results' strides from the cut run (a third of the
+    # ops; `--transposed --large-path` runs them all: 99.1% pass).
+    run_harness(tmp_path / "opinfo_report_large_path.txt",
+                os.environ.get("TORCH_MGPU_OPINFO_LARGE_PATH_EVERY", "3"), 0.98, "--transposed", "--large-path")
+
+
 # Other dtypes (a quarter of the ops each; `bash scripts/dev.sh opinfo --dtype
 # int64` runs them all): integer, complex and half-precision kernels, and
 # the dtypes of results (int64 and bool run only there: float32 lacks them).

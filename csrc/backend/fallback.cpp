@@ -76,6 +76,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
+  capture::full_probe_numel();  // an invalid TORCH_MGPU_FULL_PROBE_NUMEL raises here, not as a recording's failure
   bool background_safe = false;
   try {
     background_safe = capture::record(info, op, stack, cpu_as_meta, state, borrowed);

@@ -43,4 +43,13 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
 // (torch_mgpu/_meta_warnings.py), into the call's held warnings.
 bool inferring_results();
 
+// Calls of up to this many input elements are checked by running the CPU
+// kernel over the call's own sizes and layouts at first sight (their
+// results' strides and warnings are then the CPU kernel's); larger ones over
+// a copy cut to 2 per dim. 16,384 unless TORCH_MGPU_FULL_PROBE_NUMEL sets it
+// (a count of elements, 0 or more; 0 sends every call down the large calls'
+// path, as the conformance harness's --large-path does). An invalid value
+// raises (at configure, and at each call recorded).
+int64_t full_probe_numel();
+
 } // namespace torch_mgpu::capture

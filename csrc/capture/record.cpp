@@ -18,7 +18,10 @@
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -418,10 +421,38 @@ size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
   return n;
 }
 
+// Zeros of `t`'s dtype, each dim cut to at most 2 (the rank and the empty
+// dims kept), laid out in `t`'s order: strides rank its dims as `t`'s do
+// (equal strides stay equal, a broadcast dim stays broadcast), so that a
+// kernel that lays its result out by its inputs' strides (TensorIterator)
+// lays the cut result out in the order it gives the call's.
+at::Tensor cut_in_order(const at::Tensor& t) {
+  const int64_t nd = t.dim();
+  std::vector<int64_t> sizes(static_cast<size_t>(nd)), strides(static_cast<size_t>(nd), 0), dims;
+  for (int64_t d = 0; d < nd; ++d) {
+    sizes[d] = std::min<int64_t>(t.size(d), 2);
+    if (!(t.stride(d) == 0 && t.size(d) > 1)) dims.push_back(d);
+  }
+  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
+  int64_t next = 1;
+  for (size_t i = 0; i < dims.size();) {
+    size_t j = i;
+    int64_t grow = 1;
+    for (; j < dims.size() && t.stride(dims[j]) == t.stride(dims[i]); ++j) {
+      strides[dims[j]] = next;
+      grow = std::max(grow, sizes[dims[j]]);
+    }
+    next *= grow;
+    i = j;
+  }
+  const auto extent = static_cast<int64_t>(at::detail::computeStorageNbytes(sizes, strides, 1));
+  return at::zeros({std::max<int64_t>(extent, 1)}, at::TensorOptions().dtype(t.scalar_type())).as_strided(sizes, strides);
+}
+
 // The call's arguments for a probe without aliasing: each mgpu tensor a CPU
-// tensor of zeros of its dtype and sizes (`cut`: each dim cut to at most
-// 2, the rank and the empty dims kept), the mgpu device the CPU, a
-// Generator a throwaway one. `filled` gets the tensors of zeros.
+// tensor of zeros of its dtype and sizes (`cut`: cut_in_order), the mgpu
+// device the CPU, a Generator a throwaway one. `filled` gets the tensors of
+// zeros.
 torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std::vector<at::Tensor>* filled) {
   torch::jit::Stack s;
   for (const auto& v : args) {
@@ -435,10 +466,7 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
     }
     s.push_back(map_tensors(v, [&](const at::Tensor& t) {
       if (!is_mgpu(t)) return t;
-      std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-      if (cut)
-        for (auto& d : sizes) d = std::min<int64_t>(d, 2);
-      at::Tensor z = at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));
+      at::Tensor z = cut ? cut_in_order(t) : at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
       if (filled) filled->push_back(z);
       return z;
     }));
@@ -563,6 +591,62 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_to
   }
 }
 
+// A large call's cut run (cut_in_order) tells the order in which the CPU
+// kernel lays out its results' dims: kernels lay results out by the order of
+// their inputs' dims (TensorIterator, empty_like, suggest_memory_format) or
+// in a fixed one (contiguous, LAPACK's column-major), not by their sizes.
+// Each fresh result whose cut is the full result cut (not where the cut
+// changed the result's shape: a convolution's, a reduction to given sizes)
+// takes that order over its own sizes, dense (dims ranked by the cut
+// result's strides, a dim of size 1 before a larger one of the same stride,
+// as TensorIterator strides them). Meta kernels' layouts differ from the
+// CPU kernels' in many (batch norm and fft of a transposed input, svd, eig,
+// logical_and, copysign). Returns whether every fresh result took one.
+bool take_cpu_order(const torch::jit::Stack& cpu, MetaResult& r) {
+  std::vector<at::Tensor> flat;
+  for (const auto& v : cpu) {
+    if (!v.isTensor()) return false;
+    flat.push_back(v.toTensor());
+  }
+  if (flat.size() != r.tensors.size()) return false;
+  bool all = true;
+  for (size_t k = 0; k < flat.size(); ++k) {
+    const auto& t = flat[k];
+    auto& m = r.tensors[k];
+    if (!m.defined || m.alias >= 0) continue;
+    const auto& sizes = m.geom.sizes;
+    bool cut_of_it = t.defined() && t.dim() == static_cast<int64_t>(sizes.size()) && t.numel() > 1 &&
+        c10::multiply_integers(sizes) > 1 && t.is_non_overlapping_and_dense();
+    for (int64_t d = 0; cut_of_it && d < t.dim(); ++d) cut_of_it = t.size(d) == std::min<int64_t>(sizes[d], 2);
+    if (!cut_of_it) {
+      all = false;
+      continue;
+    }
+    std::vector<int64_t> dims(sizes.size());
+    std::iota(dims.begin(), dims.end(), 0);
+    std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) {
+      return t.stride(a) != t.stride(b) ? t.stride(a) < t.stride(b) : t.size(a) < t.size(b);
+    });
+    int64_t next = 1;
+    for (int64_t d : dims) {
+      m.geom.strides[d] = next;
+      next *= sizes[d];
+    }
+    m.geom.offset = 0;
+    m.nbytes = static_cast<size_t>(next) * c10::elementSize(m.geom.dtype);
+  }
+  return all;
+}
+
+// Ops whose CPU kernels lay results out by their inputs' strides alone
+// (TensorIterator's): the pointwise ones, and a few TensorIterator kernels
+// PyTorch does not tag so.
+bool follows_iterator_layout(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::pointwise)) return true;
+  const auto& n = op.schema().name();
+  return n == "aten::floor_divide" || n == "aten::complex" || n == "aten::polar";
+}
+
 // Where the CPU kernel leaves a written tensor with another geometry than
 // Meta promised (an out= tensor of the right numel keeps its shape in
 // linspace's CPU kernel; an empty out= of cat takes its inputs' channels-last
@@ -604,10 +688,13 @@ std::string message_of(const std::exception& e) {
 
 // Returns whether the CPU kernel ran over the call's own sizes and returned
 // (on zeros, ones or identities): `warned` then holds what eager's call
-// warns (its out= resize warnings, a uint8 mask's deprecation).
+// warns (its out= resize warnings, a uint8 mask's deprecation), and
+// `cpu_strides` whether the results' strides are the kernel's over the
+// call's own layouts (small calls), `cpu_order` whether the results took
+// the order of their dims from the kernel's run over cut inputs (large ones).
 bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& meta,
-                  HeldWarnings& warned) {
-  constexpr int64_t kMaxProbeNumel = 1 << 14;
+                  HeldWarnings& warned, bool& cpu_strides, bool& cpu_order) {
+  const int64_t max_probe_numel = full_probe_numel();
   const auto& schema = op.schema();
   // Only ATen's own kernels: a custom op's kernel may be any code (a
   // compiled partition, Python), not to be run on made-up inputs.
@@ -623,10 +710,11 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   bool plain = true;
   for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
   const int64_t numel = input_numel(args);
-  if (numel > kMaxProbeNumel) {
+  if (numel > max_probe_numel) {
     try {
       auto results = probe_cut(op, args);
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
+      if (plain) cpu_order = take_cpu_order(results, meta);
       return false;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells. A call whose only
@@ -642,6 +730,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     auto results = probe_call(op, args, Fill::Zeros, &warned, &written, &kept_layout);
     if (plain) take_cpu_results(results, meta, /*sizes_too=*/true, kept_layout);
     take_cpu_written(written, meta);
+    cpu_strides = plain && kept_layout;
     return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
@@ -710,29 +799,102 @@ bool resizes_out(const c10::FunctionSchema& schema, const Call& call, const Meta
 // The layout every mgpu tensor the call reads shares, where each is dense,
 // not contiguous and of `sizes`; empty where they differ (TensorIterator
 // then weighs them, which is left to the probe) or there are none.
-c10::IntArrayRef shared_input_layout(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-                                     c10::IntArrayRef sizes) {
-  const at::Tensor* first = nullptr;
+// The strides TensorIterator gives a fresh output of `sizes` over the
+// call's tensor inputs (ATen's TensorIteratorBase: compute_fast_setup_type,
+// reorder_dimensions, allocate_or_resize_outputs), which eager's pointwise
+// kernels use. Meta kernels disagree where they are not TensorIterator's:
+// a composite over an empty out= tensor (abs, logical_not: contiguous) or a
+// Python reference (logical_and, copysign, xlogy, polar: their own order).
+// Empty where it cannot tell: a tensor list among the inputs, no tensor
+// input, inputs that do not broadcast to `sizes`.
+std::optional<std::vector<int64_t>> iterator_layout(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                                    c10::IntArrayRef sizes) {
+  c10::SmallVector<const at::Tensor*, 4> inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     if (i < schema.arguments().size() && schema.arguments()[i].is_out()) continue;
-    if (!args[i].isTensor() || !is_mgpu(args[i].toTensor())) continue;
-    const at::Tensor& t = args[i].toTensor();
-    if (t.sizes() != sizes || t.is_contiguous() || !t.is_non_overlapping_and_dense()) return {};
-    if (first && first->strides() != t.strides()) return {};
-    if (!first) first = &t;
+    if (args[i].isTensorList() || args[i].isOptionalTensorList() || args[i].isList()) return std::nullopt;
+    if (args[i].isTensor() && args[i].toTensor().defined()) inputs.push_back(&args[i].toTensor());
   }
-  return first ? first->strides() : c10::IntArrayRef();
+  if (inputs.empty()) return std::nullopt;
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  // Each input's strides over the output's dimensions: 0 where it is
+  // broadcast (a missing leading dimension, or a size 1 against another).
+  c10::SmallVector<c10::SmallVector<int64_t, 6>, 4> strides;
+  bool same_shape = true, scalars = false, tensors = false;
+  for (const at::Tensor* t : inputs) {
+    const int64_t d = t->dim();
+    if (d > ndim) return std::nullopt;
+    (d == 0 ? scalars : tensors) = true;
+    same_shape = same_shape && t->sizes() == sizes && !(scalars && tensors);
+    auto& st = strides.emplace_back(static_cast<size_t>(ndim), 0);
+    for (int64_t k = 0; k < d; ++k) {
+      const int64_t at = ndim - d + k;
+      if (t->size(k) != sizes[at] && t->size(k) != 1) return std::nullopt;
+      st[at] = (t->size(k) == 1 && sizes[at] != 1) ? 0 : t->stride(k);
+    }
+  }
+  const auto contiguous = c10::contiguous_strides(sizes);
+  if (same_shape) {
+    bool is_contiguous = true, channels_last = true, dense = true;
+    for (const at::Tensor* t : inputs) {
+      is_contiguous = is_contiguous && t->is_contiguous();
+      channels_last = channels_last && t->is_contiguous(at::MemoryFormat::ChannelsLast);
+      dense = dense && t->is_non_overlapping_and_dense();
+    }
+    if (is_contiguous) return std::vector<int64_t>(contiguous.begin(), contiguous.end());
+    if (channels_last) return c10::get_channels_last_strides_2d(sizes);
+    bool alike = dense;
+    for (const at::Tensor* t : inputs) alike = alike && t->strides() == inputs.back()->strides();
+    if (alike) return inputs.back()->strides().vec();
+  }
+  // Dimensions sorted fastest first: by the first input whose strides tell
+  // two apart (a broadcast one tells nothing), an equal stride putting the
+  // smaller dimension first.
+  std::vector<int64_t> perm(static_cast<size_t>(ndim));
+  for (int64_t j = 0; j < ndim; ++j) perm[j] = ndim - 1 - j;
+  auto should_swap = [&](int64_t d0, int64_t d1) {
+    for (const auto& st : strides) {
+      if (st[d0] == 0 || st[d1] == 0) continue;
+      if (st[d0] != st[d1]) return st[d0] < st[d1] ? -1 : 1;
+      if (sizes[d0] > sizes[d1]) return 1;
+    }
+    return 0;
+  };
+  for (int64_t i = 1; i < ndim; ++i) {
+    int64_t d1 = i;
+    for (int64_t d0 = i - 1; d0 >= 0; --d0) {
+      const int c = should_swap(perm[d0], perm[d1]);
+      if (c > 0) {
+        std::swap(perm[d0], perm[d1]);
+        d1 = d0;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
+  std::vector<int64_t> out(static_cast<size_t>(ndim));
+  int64_t next = 1;
+  bool reversed = true;
+  for (int64_t j = 0; j < ndim; ++j) {
+    reversed = reversed && perm[j] == ndim - 1 - j;
+    out[perm[j]] = next;
+    next *= sizes[perm[j]];
+  }
+  if (reversed) return std::vector<int64_t>(contiguous.begin(), contiguous.end());
+  return out;
 }
 
+// Fresh results and resized out= tensors of a pointwise op are laid out as
+// TensorIterator lays them out (where the CPU kernel did not run over the
+// call's own layouts to tell).
 void follow_input_layout(const c10::FunctionSchema& schema, const Call& call, c10::ArrayRef<c10::IValue> args,
-                         MetaResult& r) {
+                         MetaResult& r, bool results_too) {
   auto follow = [&](ir::TensorGeometry& out) {
     if (out.offset != 0 || c10::IntArrayRef(out.strides) != c10::IntArrayRef(c10::contiguous_strides(out.sizes)))
       return;
-    const auto strides = shared_input_layout(schema, args, out.sizes);
-    if (!strides.empty()) out.strides.assign(strides.begin(), strides.end());
+    if (auto strides = iterator_layout(schema, args, out.sizes)) out.strides.assign(strides->begin(), strides->end());
   };
-  if (r.tensors.size() == 1 && r.tensors[0].defined && r.tensors[0].alias < 0) follow(r.tensors[0].geom);
+  if (results_too && r.tensors.size() == 1 && r.tensors[0].defined && r.tensors[0].alias < 0) follow(r.tensors[0].geom);
   // An out= tensor the call resizes (the empty one a composite made) is
   // laid out as a fresh result; one of the right size keeps its own.
   for (size_t k = 0; k < call.mutated_slots.size() && k < r.mutated_geom.size(); ++k)
@@ -948,7 +1110,9 @@ const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, 
     // the CPU kernel did where the probe ran it over the call's layouts
     // (linalg kernels restride an empty out= tensor to column-major).
     if (!probed) keep_out_layouts(schema, full, fresh);
-    const bool exact = probed || probe_errors(op, args, fresh, from_probe);
+    bool cpu_strides = false;  // the results' strides are the CPU kernel's over the call's layouts
+    bool cpu_order = false;    // the results' order of dims is the CPU kernel's
+    const bool exact = probed || probe_errors(op, args, fresh, from_probe, cpu_strides, cpu_order);
     // An out= tensor's resize warning is eager's at every call with these
     // sizes: it goes with the cached result. Others make the call uncached
     // (the next call warns again, as eager does for a uint8 mask's
@@ -970,8 +1134,8 @@ const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, 
     if (info.contiguous_result ||
         (info.contiguous_if_complex && !args.empty() && args[0].isTensor() && args[0].toTensor().is_complex())) {
       make_contiguous(fresh);
-    } else if (op.hasTag(at::Tag::pointwise)) {
-      follow_input_layout(schema, full, args, fresh);
+    } else if (follows_iterator_layout(op) && !cpu_strides) {
+      follow_input_layout(schema, full, args, fresh, /*results_too=*/!cpu_order);
     }
     if (call.key.cacheable && warnings.held.empty()) meta_cache_put(call.key, fresh);
     cached = &fresh;
@@ -1305,5 +1469,20 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 }
 
 bool runs_eagerly(const OpInfo& info) { return info.eager; }
+
+int64_t full_probe_numel() {
+  static const int64_t limit = [] {
+    constexpr int64_t kDefault = int64_t{1} << 14;
+    const char* s = std::getenv("TORCH_MGPU_FULL_PROBE_NUMEL");
+    if (!s) return kDefault;
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(s, &end, 10);
+    TORCH_CHECK_VALUE(*s && errno == 0 && *end == '\0' && v >= 0, "TORCH_MGPU_FULL_PROBE_NUMEL='", s,
+                      "' is not a count of elements (an integer, 0 or more)");
+    return static_cast<int64_t>(v);
+  }();
+  return limit;
+}
 
 } // namespace torch_mgpu::capture

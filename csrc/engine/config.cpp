@@ -120,6 +120,7 @@ constexpr int kStreamsPerDevice = 4;
 } // namespace
 
 Config::Config() {
+  capture::full_probe_numel();  // an invalid TORCH_MGPU_FULL_PROBE_NUMEL raises here
   const char* d = std::getenv("TORCH_MGPU_DEVICES");
   const char* l = std::getenv("TORCH_MGPU_LANES");
   const char* p = std::getenv("TORCH_MGPU_POLICY");
