@@ -424,11 +424,19 @@ def test_ufunc_results_of_large_inputs_of_mixed_layouts_have_eagers_strides():
     assert not wrong, "\n".join(wrong)
 
 
+def _channels_second(o, c, k, device):
+    # A convolution's weight stored (out, kernel, in), seen as (out, in, kernel).
+    w = torch.randn(o, k, c, generator=torch.Generator().manual_seed(32))
+    return w.to(device).transpose(1, 2)
+
+
 # Other ops over large inputs (above 16,384 elements) laid out otherwise
 # than contiguous: where Meta kernels promise another layout than the CPU
 # kernel makes (batch norm over a transposed input: eager contiguous, Meta
-# the input's; eig's eigenvectors), the CPU kernel's run over cut inputs in
-# the call's order of dims tells; the others (fft, svd, a normal draw around
+# the input's; eig's eigenvectors; a convolution over channels-second data
+# and weight, whose kernel is longer than the cut to 2: a cut to 16 tells,
+# eager's result is channels-second too), the CPU
+# kernel's run over cut inputs in the call's order of dims tells; the others (fft, svd, a normal draw around
 # a transposed mean, log_softmax, a sum) must stay eager's too.
 @pytest.mark.parametrize("case", [
     ("batch_norm", lambda x: torch.nn.functional.batch_norm(x.transpose(1, 2), None, None, training=True)),
@@ -440,6 +448,12 @@ def test_ufunc_results_of_large_inputs_of_mixed_layouts_have_eagers_strides():
     ("normal", lambda x: torch.normal(x.transpose(1, 2), 1.0).mul(0)),
     ("log_softmax", lambda x: torch.log_softmax(x.transpose(1, 2), dim=1)),
     ("sum_dim", lambda x: x.transpose(1, 2).sum(1)),
+    ("conv1d", lambda x: torch.nn.functional.conv1d(x.transpose(1, 2), _channels_second(16, 30, 3, x.device))),
+    ("conv1d_over_1MiB", lambda x: torch.nn.functional.conv1d(  # the check's full run has contiguous inputs then
+        x.repeat(1, 15, 1).transpose(1, 2), _channels_second(16, 30, 3, x.device))),
+    ("conv_transpose1d", lambda x: torch.nn.functional.conv_transpose1d(
+        x.transpose(1, 2), torch.randn(30, 8, 5, generator=torch.Generator().manual_seed(33)).to(x.device))),
+    ("nonzero_static", lambda x: torch.nonzero_static(x.transpose(1, 2) > 1, size=300)),
 ])
 def test_results_of_large_inputs_have_eagers_strides(case):
     name, f = case

@@ -421,16 +421,16 @@ size_t storage_bytes(c10::ArrayRef<c10::IValue> args) {
   return n;
 }
 
-// Zeros of `t`'s dtype, each dim cut to at most 2 (the rank and the empty
-// dims kept), laid out in `t`'s order: strides rank its dims as `t`'s do
+// Zeros of `t`'s dtype, each dim cut to at most `cut` (the rank and the
+// empty dims kept), laid out in `t`'s order: strides rank its dims as `t`'s do
 // (equal strides stay equal, a broadcast dim stays broadcast), so that a
 // kernel that lays its result out by its inputs' strides (TensorIterator)
 // lays the cut result out in the order it gives the call's.
-at::Tensor cut_in_order(const at::Tensor& t) {
+at::Tensor cut_in_order(const at::Tensor& t, int64_t cut) {
   const int64_t nd = t.dim();
   std::vector<int64_t> sizes(static_cast<size_t>(nd)), strides(static_cast<size_t>(nd), 0), dims;
   for (int64_t d = 0; d < nd; ++d) {
-    sizes[d] = std::min<int64_t>(t.size(d), 2);
+    sizes[d] = std::min<int64_t>(t.size(d), cut);
     if (!(t.stride(d) == 0 && t.size(d) > 1)) dims.push_back(d);
   }
   std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
@@ -450,10 +450,10 @@ at::Tensor cut_in_order(const at::Tensor& t) {
 }
 
 // The call's arguments for a probe without aliasing: each mgpu tensor a CPU
-// tensor of zeros of its dtype and sizes (`cut`: cut_in_order), the mgpu
-// device the CPU, a Generator a throwaway one. `filled` gets the tensors of
-// zeros.
-torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std::vector<at::Tensor>* filled) {
+// tensor of zeros of its dtype and sizes (a `cut` above 0: cut_in_order),
+// the mgpu device the CPU, a Generator a throwaway one. `filled` gets the
+// tensors of zeros.
+torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, int64_t cut, std::vector<at::Tensor>* filled) {
   torch::jit::Stack s;
   for (const auto& v : args) {
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -466,7 +466,7 @@ torch::jit::Stack zero_arguments(c10::ArrayRef<c10::IValue> args, bool cut, std:
     }
     s.push_back(map_tensors(v, [&](const at::Tensor& t) {
       if (!is_mgpu(t)) return t;
-      at::Tensor z = cut ? cut_in_order(t) : at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+      at::Tensor z = cut > 0 ? cut_in_order(t, cut) : at::zeros(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
       if (filled) filled->push_back(z);
       return z;
     }));
@@ -509,7 +509,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     written_twins.assign(twins.mutated_meta.begin(), twins.mutated_meta.end());
     if (kept_layout) *kept_layout = true;
   } else {
-    s = zero_arguments(args, /*cut=*/false, &filled);
+    s = zero_arguments(args, /*cut=*/0, &filled);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -535,10 +535,10 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
 }
 
 // The call on CPU over zeros of the mgpu tensors' dtypes, each dim cut to at
-// most 2 (the rank and the empty dims stay): the dtype checks of a large
+// most `cut` (the rank and the empty dims stay): the dtype checks of a large
 // call at the cost of a tiny one.
-torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  torch::jit::Stack s = zero_arguments(args, /*cut=*/true, nullptr);
+torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, int64_t cut = 2) {
+  torch::jit::Stack s = zero_arguments(args, cut, nullptr);
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard silenced(&ir::silent_warnings());
@@ -595,13 +595,14 @@ void take_cpu_results(const torch::jit::Stack& cpu, MetaResult& r, bool sizes_to
 // kernel lays out its results' dims: kernels lay results out by the order of
 // their inputs' dims (TensorIterator, empty_like, suggest_memory_format) or
 // in a fixed one (contiguous, LAPACK's column-major), not by their sizes.
-// Each fresh result whose cut is the full result cut (not where the cut
-// changed the result's shape: a convolution's, a reduction to given sizes)
-// takes that order over its own sizes, dense (dims ranked by the cut
+// Each fresh result whose cut has its rank and its dims of length 0 and 1
+// (each longer dim longer in both: a convolution's output over a cut is
+// shorter) takes that order over its own sizes, dense (dims ranked by the cut
 // result's strides, a dim of size 1 before a larger one of the same stride,
 // as TensorIterator strides them). Meta kernels' layouts differ from the
 // CPU kernels' in many (batch norm and fft of a transposed input, svd, eig,
-// logical_and, copysign). Returns whether every fresh result took one.
+// logical_and, copysign). Returns whether every fresh result of more than one
+// element took one.
 bool take_cpu_order(const torch::jit::Stack& cpu, MetaResult& r) {
   std::vector<at::Tensor> flat;
   for (const auto& v : cpu) {
@@ -615,9 +616,13 @@ bool take_cpu_order(const torch::jit::Stack& cpu, MetaResult& r) {
     auto& m = r.tensors[k];
     if (!m.defined || m.alias >= 0) continue;
     const auto& sizes = m.geom.sizes;
+    if (c10::multiply_integers(sizes) <= 1) continue;  // no order to tell (its strides are Meta's)
+    // The same rank, and the same dims of one element or none: each longer
+    // dim is longer in both (a convolution's output over a wider cut is).
     bool cut_of_it = t.defined() && t.dim() == static_cast<int64_t>(sizes.size()) && t.numel() > 1 &&
-        c10::multiply_integers(sizes) > 1 && t.is_non_overlapping_and_dense();
-    for (int64_t d = 0; cut_of_it && d < t.dim(); ++d) cut_of_it = t.size(d) == std::min<int64_t>(sizes[d], 2);
+        t.is_non_overlapping_and_dense();
+    for (int64_t d = 0; cut_of_it && d < t.dim(); ++d)
+      cut_of_it = (t.size(d) <= 1 || sizes[d] <= 1) ? t.size(d) == sizes[d] : true;
     if (!cut_of_it) {
       all = false;
       continue;
@@ -636,6 +641,30 @@ bool take_cpu_order(const torch::jit::Stack& cpu, MetaResult& r) {
     m.nbytes = static_cast<size_t>(next) * c10::elementSize(m.geom.dtype);
   }
   return all;
+}
+
+// The order of dims from a run over a copy cut to at most 16 per dim, where
+// the cut to 2 could not tell (a convolution's kernel is longer than 2; the
+// cut result's shape lost a dim's length) and the run is small (up to 2^18
+// input elements: a tensor of 7 long dims is not): whether every fresh result
+// took one.
+bool order_from_wider_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, MetaResult& r) {
+  constexpr int64_t kCut = 16;
+  constexpr int64_t kMaxCutNumel = int64_t{1} << 18;  // a run of at most this many input elements
+  int64_t numel = 0;
+  for (const auto& v : args)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!is_mgpu(t)) return;
+      int64_t n = 1;
+      for (int64_t d : t.sizes()) n *= std::min(d, kCut);
+      numel += n;
+    });
+  if (numel > kMaxCutNumel) return false;
+  try {
+    return take_cpu_order(probe_cut(op, args, kCut), r);
+  } catch (const std::exception&) {
+    return false;  // Meta's layout stands
+  }
 }
 
 // Ops whose CPU kernels lay results out by their inputs' strides alone
@@ -714,7 +743,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     try {
       auto results = probe_cut(op, args);
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
-      if (plain) cpu_order = take_cpu_order(results, meta);
+      if (plain) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
       return false;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells. A call whose only
@@ -722,7 +751,10 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       // out=t)`) had nothing cut that it reads: its error is the call's.
       if (only_out_tensors(schema, args)) throw;
     }
-    if (numel > kMaxFullProbeNumel) return false;
+    if (numel > kMaxFullProbeNumel) {
+      if (plain) cpu_order = order_from_wider_cut(op, args, meta);
+      return false;
+    }
   }
   try {
     std::vector<ir::TensorGeometry> written;
@@ -731,6 +763,8 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     if (plain) take_cpu_results(results, meta, /*sizes_too=*/true, kept_layout);
     take_cpu_written(written, meta);
     cpu_strides = plain && kept_layout;
+    // A large call whose cut raised: the full run had contiguous inputs.
+    if (plain && !kept_layout && numel > max_probe_numel) cpu_order = order_from_wider_cut(op, args, meta);
     return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
