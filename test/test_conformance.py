@@ -466,6 +466,21 @@ def test_results_of_large_inputs_have_eagers_strides(case):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+# Overlapping views whose dims share a stride (sliding windows): eager
+# orders those dims by their lengths, which a cut copy makes equal; the
+# layout comes from Meta or TensorIterator's rules there, not the cut run.
+@pytest.mark.parametrize("view", [lambda t: t.as_strided((101, 200), (1, 1)), lambda t: t[:300].unfold(0, 200, 1),
+                                  lambda t: t[:300].unfold(0, 200, 1).t()])
+@pytest.mark.parametrize("op", [lambda w: w * 2, lambda w: torch.flip(w, [0]), torch.abs,
+                                lambda w: torch.logical_and(w, w > 0)])
+def test_results_of_large_overlapping_windows_have_eagers_strides(view, op):
+    x = torch.randn(400, generator=torch.Generator().manual_seed(34))
+    assert view(x).numel() > 16384
+    got, want = op(view(x.to("mgpu"))), op(view(x))
+    assert got.stride() == want.stride()
+    assert torch.equal(got.cpu(), want)
+
+
 # TORCH_MGPU_FULL_PROBE_NUMEL=0 records every call as calls above 16,384
 # elements are (the harness's --large-path): small mixed layouts then take
 # the cut run's order too. A value that is not a count is refused by name.

@@ -433,6 +433,7 @@ at::Tensor cut_in_order(const at::Tensor& t, int64_t cut) {
     sizes[d] = std::min<int64_t>(t.size(d), cut);
     if (!(t.stride(d) == 0 && t.size(d) > 1)) dims.push_back(d);
   }
+  if (t.numel() == 0) return at::zeros(sizes, at::TensorOptions().dtype(t.scalar_type()));  // no order to keep
   std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
   int64_t next = 1;
   for (size_t i = 0; i < dims.size();) {
@@ -643,6 +644,22 @@ bool take_cpu_order(const torch::jit::Stack& cpu, MetaResult& r) {
   return all;
 }
 
+// Whether cut copies keep what decides the order of the call's dims: not
+// where an input has two dims longer than 1 of one stride (an overlapping
+// view: `x.unfold(0, 200, 1)`, strides (1, 1)), whose order in eager follows
+// their lengths, which the cut makes equal. Meta's layout stands there.
+bool cut_keeps_order(c10::ArrayRef<c10::IValue> args) {
+  bool keeps = true;
+  for (const auto& v : args)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!is_mgpu(t)) return;
+      for (int64_t a = 0; a < t.dim(); ++a)
+        for (int64_t b = a + 1; b < t.dim(); ++b)
+          if (t.size(a) > 1 && t.size(b) > 1 && t.stride(a) != 0 && t.stride(a) == t.stride(b)) keeps = false;
+    });
+  return keeps;
+}
+
 // The order of dims from a run over a copy cut to at most 16 per dim, where
 // the cut to 2 could not tell (a convolution's kernel is longer than 2; the
 // cut result's shape lost a dim's length) and the run is small (up to 2^18
@@ -656,7 +673,7 @@ bool order_from_wider_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVal
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!is_mgpu(t)) return;
       int64_t n = 1;
-      for (int64_t d : t.sizes()) n *= std::min(d, kCut);
+      for (int64_t d : t.sizes()) n = std::min(n * std::min(d, kCut), kMaxCutNumel + 1);  // no overflow
       numel += n;
     });
   if (numel > kMaxCutNumel) return false;
@@ -743,7 +760,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     try {
       auto results = probe_cut(op, args);
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
-      if (plain) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
+      if (plain && cut_keeps_order(args)) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
       return false;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells. A call whose only
@@ -752,7 +769,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       if (only_out_tensors(schema, args)) throw;
     }
     if (numel > kMaxFullProbeNumel) {
-      if (plain) cpu_order = order_from_wider_cut(op, args, meta);
+      if (plain && cut_keeps_order(args)) cpu_order = order_from_wider_cut(op, args, meta);
       return false;
     }
   }
@@ -764,7 +781,8 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     take_cpu_written(written, meta);
     cpu_strides = plain && kept_layout;
     // A large call whose cut raised: the full run had contiguous inputs.
-    if (plain && !kept_layout && numel > max_probe_numel) cpu_order = order_from_wider_cut(op, args, meta);
+    if (plain && !kept_layout && numel > max_probe_numel && cut_keeps_order(args))
+      cpu_order = order_from_wider_cut(op, args, meta);
     return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
