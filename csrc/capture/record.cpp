@@ -756,11 +756,13 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   bool plain = true;
   for (const auto& ret : meta.returns) plain = plain && ret.kind != MetaReturn::Kind::None;
   const int64_t numel = input_numel(args);
+  // A large call's results may take their order of dims from a cut run.
+  const bool order_from_cut = plain && numel > max_probe_numel && cut_keeps_order(args);
   if (numel > max_probe_numel) {
     try {
       auto results = probe_cut(op, args);
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
-      if (plain && cut_keeps_order(args)) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
+      if (order_from_cut) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
       return false;
     } catch (const std::exception&) {
       // The cut shapes, or the call: the full run tells. A call whose only
@@ -769,7 +771,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       if (only_out_tensors(schema, args)) throw;
     }
     if (numel > kMaxFullProbeNumel) {
-      if (plain && cut_keeps_order(args)) cpu_order = order_from_wider_cut(op, args, meta);
+      if (order_from_cut) cpu_order = order_from_wider_cut(op, args, meta);
       return false;
     }
   }
@@ -781,8 +783,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     take_cpu_written(written, meta);
     cpu_strides = plain && kept_layout;
     // A large call whose cut raised: the full run had contiguous inputs.
-    if (plain && !kept_layout && numel > max_probe_numel && cut_keeps_order(args))
-      cpu_order = order_from_wider_cut(op, args, meta);
+    if (order_from_cut && !kept_layout) cpu_order = order_from_wider_cut(op, args, meta);
     return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
@@ -840,17 +841,6 @@ bool resizes_out(const c10::FunctionSchema& schema, const Call& call, const Meta
       r.mutated_geom[k].sizes != geometry_of(call.mutated_slots[k]).sizes;
 }
 
-// A pointwise op's result takes its inputs' layout when that is dense (as
-// TensorIterator lays it out: channels-last stays channels-last, a permuted
-// tensor's result is permuted alike). A few Meta kernels (abs, logical_not,
-// logical_and, isinf: composites that call their out= kernel on an empty
-// tensor) return contiguous strides there; the result gets eager's. The
-// probe's CPU run corrects it in calls small enough to run whole; this
-// holds above that size too.
-//
-// The layout every mgpu tensor the call reads shares, where each is dense,
-// not contiguous and of `sizes`; empty where they differ (TensorIterator
-// then weighs them, which is left to the probe) or there are none.
 // The strides TensorIterator gives a fresh output of `sizes` over the
 // call's tensor inputs (ATen's TensorIteratorBase: compute_fast_setup_type,
 // reorder_dimensions, allocate_or_resize_outputs), which eager's pointwise
