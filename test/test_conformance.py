@@ -928,3 +928,39 @@ def test_a_warning_given_once_per_process_before_the_probe_raises_is_the_calls()
            for d in ("cpu", "mgpu")}
     assert "torch.cholesky is deprecated" in out["cpu"]
     assert out["mgpu"] == out["cpu"]
+
+
+@pytest.mark.parametrize("variant", ["functional", "out", "in_place", "grad"])
+def test_ldexp_runs_cpus_kernel(variant):
+    # ldexp's composite runs CPU's kernel on CPU tensors and self * 2 ** other
+    # elsewhere: 2 ** 130 overflows float32 where ldexp(1e-30, 130) does not.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 5, generator=g) * 1e-30
+    e = torch.randint(100, 140, (6, 5), generator=g)
+    if variant == "functional":
+        assert_same(torch.ldexp(x.to("mgpu"), e.to("mgpu")), torch.ldexp(x, e))
+    elif variant == "out":
+        out = torch.empty(6, 5).to("mgpu")
+        r = torch.ldexp(x.to("mgpu"), e.to("mgpu"), out=out)
+        assert r is out
+        assert_same(out, torch.ldexp(x, e))
+    elif variant == "in_place":
+        got = x.to("mgpu")
+        assert got.ldexp_(e.to("mgpu")) is got
+        assert_same(got, x.clone().ldexp_(e))
+    else:
+        xe, xm = x.clone().requires_grad_(), x.to("mgpu").requires_grad_()
+        w = torch.randn(6, 5, generator=g)
+        (torch.ldexp(xe, e) * w).sum().backward()
+        (torch.ldexp(xm, e.to("mgpu")) * w.to("mgpu")).sum().backward()
+        assert_same(xm.grad, xe.grad)
+    assert torch.isfinite(torch.ldexp(x, e)).all()  # the case the composite gets wrong
+
+
+def test_ldexp_refuses_a_bool_exponent_as_eager():
+    x, e = torch.randn(4), torch.tensor([True, False, True, False])
+    with pytest.raises(NotImplementedError) as want:
+        torch.ldexp(x, e)
+    with pytest.raises(NotImplementedError) as got:
+        torch.ldexp(x.to("mgpu"), e.to("mgpu"))
+    assert str(got.value) == str(want.value)

@@ -135,7 +135,12 @@ struct DirectKernels {
     // conj_physical_ (complex tensors) has only a composite kernel, which
     // calls the device's own DispatchStub: there is none for mgpu; record it
     // (Meta has it), and the lanes run the composite on their devices.
-    for (const char* name : {"convolution", "convolution_backward", "mode.values", "conj_physical_"})
+    // ldexp's composite runs CPU's ldexp kernel (a DispatchStub) on CPU
+    // tensors and self * 2 ** other on any other device: in float32
+    // ldexp(1e-30, 130) is inf that way, and a bool exponent, which CPU's
+    // kernel refuses, is taken. Recorded as ldexp, it runs CPU's kernel.
+    for (const char* name : {"convolution", "convolution_backward", "mode.values", "conj_physical_", "ldexp.Tensor",
+                             "ldexp.out", "ldexp_"})
       lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
