@@ -1,6 +1,11 @@
 """mgpu's generator through torch.mgpu and PyTorch's seeding functions:
 manual_seed(_all), seed(_all), initial_seed, get/set_rng_state(_all), and
 torch.random.fork_rng over the mgpu device."""
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 import torch_mgpu  # noqa: F401
@@ -55,3 +60,36 @@ def test_fork_rng_restores_the_mgpu_generator():
     after = draw()
     torch.mgpu.manual_seed(11)
     assert torch.equal(draw(), after)
+
+
+# A fresh process: the cost model is measured once per process, at the first
+# plan (a sync, or a background flight).
+_FIRST_PLAN = r"""
+import sys, torch, torch_mgpu
+torch.manual_seed(0)
+want = torch.rand(5)
+torch.manual_seed(0)
+x = torch.ones(4, device="mgpu")
+if sys.argv[1] == "flight":
+    torch_mgpu.set_async_ops(8)
+    for _ in range(40):
+        x = x * 1.5
+    torch_mgpu._C._wait_for_flight()
+else:
+    (x + 1).cpu()
+got = torch.rand(5)
+assert torch.equal(got, want), (got, want)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("first_plan", ["sync", "flight"])
+def test_the_first_plan_draws_nothing_from_the_programs_generators(first_plan):
+    # The cost model's measurements ran over tensors drawn from the default
+    # CPU generator: a program seeded before its first sync drew other
+    # numbers after it than without mgpu.
+    env = dict(os.environ)
+    env.pop("TORCH_MGPU_NO_CALIBRATION", None)
+    r = subprocess.run([sys.executable, "-c", _FIRST_PLAN, first_plan], capture_output=True, text=True, env=env,
+                       timeout=240)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -3,6 +3,7 @@
 #include "runtime/lanes.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -34,16 +35,23 @@ double median_seconds(F&& f, int reps) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+// Data to measure on, from a generator of its own: drawing from the
+// default generators moved the program's random numbers at its first plan
+// (a program seeded before it drew other numbers after it).
+at::Tensor measured_on(at::IntArrayRef sizes, c10::Device device = c10::kCPU) {
+  at::Tensor t = at::randn(sizes, at::make_generator<at::CPUGeneratorImpl>(20261127 + sizes.size()));
+  return device.is_cpu() ? t : t.to(device);
+}
 } // namespace
 
 plan::CostModel calibrate_cpu(int cores) {
   plan::CostModel cm;
   at::AutoDispatchBelowADInplaceOrView guard;
   const int restore = at::get_num_threads();
-  auto big = at::randn({384, 384});
-  auto small = at::randn({128, 128});
-  auto vec = at::randn({1 << 19});
-  auto tiny = at::randn({4});
+  auto big = measured_on({384, 384});
+  auto small = measured_on({128, 128});
+  auto vec = measured_on({1 << 19});
+  auto tiny = measured_on({4});
 
   set_thread_parallelism(1);
   double t_big1 = median_seconds([&] { at::mm(big, big); }, 5);
@@ -99,12 +107,11 @@ plan::CostModel calibrate_device(c10::Device device) {
   c10::DeviceGuard on(device);
   c10::impl::VirtualGuardImpl impl(device.type());
   auto sync = [&] { impl.getStream(device).synchronize(); };
-  auto opts = at::TensorOptions().device(device);
-  auto big = at::randn({2048, 2048}, opts);
-  auto small = at::randn({128, 128}, opts);
-  auto vec = at::randn({1 << 22}, opts);
-  auto tiny = at::randn({4}, opts);
-  auto host = at::randn({1 << 22});
+  auto big = measured_on({2048, 2048}, device);
+  auto small = measured_on({128, 128}, device);
+  auto vec = measured_on({1 << 22}, device);
+  auto tiny = measured_on({4}, device);
+  auto host = measured_on({1 << 22});
   double t_big = median_seconds([&] { at::mm(big, big); sync(); }, 5);
   double t_small = median_seconds([&] { at::mm(small, small); sync(); }, 9);
   double t_vec = median_seconds([&] { at::add(vec, vec); sync(); }, 7);
