@@ -62,3 +62,42 @@ def test_explicit_generator():
     g.manual_seed(77)
     b = torch.randn(5, device="mgpu", generator=g).cpu()
     assert torch.equal(a, b)
+
+
+def test_checking_random_calls_undoes_no_draw_of_another_thread():
+    # The first call of each signature is checked on CPU. A call passing no
+    # generator drew from the default CPU generator there, whose state was
+    # then put back: a CPU draw another thread made meanwhile was undone,
+    # and that thread got the same numbers twice.
+    import threading
+    n_draws = 20000
+    torch.manual_seed(11)
+    want = torch.rand(n_draws)
+    torch.manual_seed(11)
+    got = []
+    started, done = threading.Event(), threading.Event()
+
+    def draws():
+        started.wait(60)
+        for _ in range(n_draws):
+            got.append(torch.rand(1))
+        done.set()
+
+    def records():
+        n = 1
+        while not done.is_set():
+            torch.rand(n, device="mgpu")  # a new signature each time
+            torch.empty(n + 1, device="mgpu").normal_()
+            torch.randint(0, 5, (n,), device="mgpu")
+            n += 1
+            started.set()
+        torch_mgpu.synchronize()
+
+    threads = [threading.Thread(target=records), threading.Thread(target=draws)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    got = torch.cat(got)
+    assert int((got[1:] == got[:-1]).sum()) == 0
+    assert torch.equal(got, want)

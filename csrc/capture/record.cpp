@@ -72,6 +72,21 @@ bool has_generator_arg(const c10::FunctionSchema& s) {
   return false;
 }
 
+// A probe's generators: where the call passes none (it would draw from the
+// default CPU generator), a throwaway one, as for a Generator it passes.
+// Restoring the default generator after the probe undid whatever another
+// thread drew from it meanwhile: it handed out the same numbers twice.
+void throwaway_generators(const c10::FunctionSchema& schema, torch::jit::Stack& s) {
+  const auto& formals = schema.arguments();
+  for (size_t i = 0; i < formals.size() && i < s.size(); ++i) {
+    if (!s[i].isNone()) continue;
+    const auto& t = formals[i].type();
+    if (t->kind() == c10::TypeKind::OptionalType &&
+        t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
+      s[i] = at::make_generator<at::CPUGeneratorImpl>(0);
+  }
+}
+
 // Holds warnings back until the call is recorded: a call that raises (and
 // runs eagerly instead, which warns again) gives its warnings once.
 struct HeldWarnings : c10::WarningHandler {
@@ -378,9 +393,10 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   twins.build_meta = true;
   twins.cpu_twins = true;
   auto targs = meta_arguments(op.schema(), args, twins);
+  throwaway_generators(op.schema(), targs);
   c10::WarningUtils::WarningHandlerGuard to(&warned);
   std::optional<CpuGeneratorRestored> restored;
-  if (op.hasTag(at::Tag::nondeterministic_seeded)) restored.emplace();
+  if (op.hasTag(at::Tag::nondeterministic_seeded) && !has_generator_arg(op.schema())) restored.emplace();
   return infer(op, std::move(targs), twins);
 }
 
@@ -512,6 +528,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   } else {
     s = zero_arguments(args, /*cut=*/0, &filled);
   }
+  throwaway_generators(op.schema(), s);
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard to(warnings ? warnings : &ir::silent_warnings());
@@ -540,6 +557,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
 // call at the cost of a tiny one.
 torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, int64_t cut = 2) {
   torch::jit::Stack s = zero_arguments(args, cut, nullptr);
+  throwaway_generators(op.schema(), s);
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard silenced(&ir::silent_warnings());
@@ -746,11 +764,13 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   // compiled partition, Python), not to be run on made-up inputs.
   if (schema.name().rfind("aten::", 0) != 0) return false;
   // Random ops are probed too (their bounds checks: `random_(0, -1)`,
-  // `uniform_(0, -42)`): a Generator argument becomes a throwaway one, and
-  // the default CPU generator, which a call without one draws from, gets
-  // its state back: the probe moves no generator the program can see.
+  // `uniform_(0, -42)`): a Generator argument, given or not, becomes a
+  // throwaway one (throwaway_generators). Seeded ops with no Generator
+  // argument (dropout) draw from the default CPU generator, which gets its
+  // state back: the probe moves no generator the program can see (a draw
+  // another thread makes from it during such a probe is undone).
   std::optional<CpuGeneratorRestored> restored;
-  if (has_generator_arg(schema) || op.hasTag(at::Tag::nondeterministic_seeded)) restored.emplace();
+  if (op.hasTag(at::Tag::nondeterministic_seeded) && !has_generator_arg(schema)) restored.emplace();
   constexpr int64_t kMaxFullProbeNumel = int64_t{1} << 24;
   // Tensor results only, one per MetaResult tensor, in order.
   bool plain = true;
