@@ -964,3 +964,19 @@ def test_ldexp_refuses_a_bool_exponent_as_eager():
     with pytest.raises(NotImplementedError) as got:
         torch.ldexp(x.to("mgpu"), e.to("mgpu"))
     assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("args", [(10,), (10, False), (12, True, 5.0), (1,), (9, True, 0.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kaiser_window_on_mgpu(args, dtype):
+    # Its composite calls the device's DispatchStub: there was none for mgpu
+    # (an internal assert) for lengths above 1.
+    assert_same(torch.kaiser_window(*args, dtype=dtype, device="mgpu"), torch.kaiser_window(*args, dtype=dtype))
+
+
+def test_kaiser_window_refuses_what_eager_refuses():
+    with pytest.raises(RuntimeError) as want:
+        torch.kaiser_window(-1)
+    with pytest.raises(RuntimeError) as got:
+        torch.kaiser_window(-1, device="mgpu")
+    assert str(got.value) == str(want.value)

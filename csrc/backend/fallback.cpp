@@ -139,8 +139,10 @@ struct DirectKernels {
     // tensors and self * 2 ** other on any other device: in float32
     // ldexp(1e-30, 130) is inf that way, and a bool exponent, which CPU's
     // kernel refuses, is taken. Recorded as ldexp, it runs CPU's kernel.
+    // kaiser_window's composite calls the device's DispatchStub (none for
+    // mgpu: an internal assert): recorded, the lanes run CPU's kernel.
     for (const char* name : {"convolution", "convolution_backward", "mode.values", "conj_physical_", "ldexp.Tensor",
-                             "ldexp.out", "ldexp_"})
+                             "ldexp.out", "ldexp_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"})
       lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
