@@ -63,12 +63,16 @@ bool needs_eager(const c10::OperatorHandle& op) {
   return false;
 }
 
+// A Generator or Generator? argument.
+bool is_generator(const c10::Argument& a) {
+  auto t = a.type();
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+  return t->kind() == c10::TypeKind::GeneratorType;
+}
+
 bool has_generator_arg(const c10::FunctionSchema& s) {
-  for (const auto& a : s.arguments()) {
-    auto t = a.type();
-    if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
-    if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  }
+  for (const auto& a : s.arguments())
+    if (is_generator(a)) return true;
   return false;
 }
 
@@ -78,13 +82,8 @@ bool has_generator_arg(const c10::FunctionSchema& s) {
 // thread drew from it meanwhile: it handed out the same numbers twice.
 void throwaway_generators(const c10::FunctionSchema& schema, torch::jit::Stack& s) {
   const auto& formals = schema.arguments();
-  for (size_t i = 0; i < formals.size() && i < s.size(); ++i) {
-    if (!s[i].isNone()) continue;
-    const auto& t = formals[i].type();
-    if (t->kind() == c10::TypeKind::OptionalType &&
-        t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
-      s[i] = at::make_generator<at::CPUGeneratorImpl>(0);
-  }
+  for (size_t i = 0; i < formals.size() && i < s.size(); ++i)
+    if (s[i].isNone() && is_generator(formals[i])) s[i] = at::make_generator<at::CPUGeneratorImpl>(0);
 }
 
 // Holds warnings back until the call is recorded: a call that raises (and
@@ -1267,8 +1266,7 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
       }
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       a.constant = c10::Device(c10::kCPU);
-    } else if (random && (v.isGenerator() || (v.isNone() && schema.arguments()[i].type()->kind() == c10::TypeKind::OptionalType &&
-                                             schema.arguments()[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))) {
+    } else if (random && (v.isGenerator() || (v.isNone() && is_generator(schema.arguments()[i])))) {
       std::optional<at::Generator> g;
       if (v.isGenerator()) g = v.toGenerator();
       a.constant = at::make_generator<at::CPUGeneratorImpl>(draw_seed(g));

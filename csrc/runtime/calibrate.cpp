@@ -39,7 +39,7 @@ double median_seconds(F&& f, int reps) {
 // default generators moved the program's random numbers at its first plan
 // (a program seeded before it drew other numbers after it).
 at::Tensor measured_on(at::IntArrayRef sizes, c10::Device device = c10::kCPU) {
-  at::Tensor t = at::randn(sizes, at::make_generator<at::CPUGeneratorImpl>(20261127 + sizes.size()));
+  at::Tensor t = at::randn(sizes, at::make_generator<at::CPUGeneratorImpl>(0));
   return device.is_cpu() ? t : t.to(device);
 }
 } // namespace
