@@ -980,3 +980,77 @@ def test_kaiser_window_refuses_what_eager_refuses():
     with pytest.raises(RuntimeError) as got:
         torch.kaiser_window(-1, device="mgpu")
     assert str(got.value) == str(want.value)
+
+
+def _quantile_call(name, variant, x, q, **kw):
+    fn = getattr(torch, name)
+    if variant == "out":
+        out = torch.empty(0, dtype=x.dtype, device=x.device)
+        r = fn(x, q, out=out, **kw)
+        assert r is out
+        return out
+    if variant == "inference":
+        with torch.inference_mode():
+            return fn(x, q, **kw)
+    return fn(x, q, **kw)
+
+
+@pytest.mark.parametrize("name", ["quantile", "nanquantile"])
+@pytest.mark.parametrize("variant", ["functional", "out", "inference"])
+@pytest.mark.parametrize("q", [[-0.5, 0.3], [0.2, 1.5], [0.1, float("nan")], 1.01])
+def test_quantile_refuses_q_outside_0_1_as_eager_cpu(name, variant, q):
+    # The composite checks q's range only on the CPU: on mgpu a q outside
+    # gave values (nanquantile) or gather's index error at the next sync.
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(7))
+    q = torch.tensor(q)
+    with pytest.raises(RuntimeError) as want:
+        _quantile_call(name, variant, x, q, dim=0)
+    with pytest.raises(RuntimeError) as got:
+        _quantile_call(name, variant, x.to("mgpu"), q.to("mgpu"), dim=0)
+    assert str(got.value) == str(want.value) == "quantile() q values must be in the range [0, 1]"
+    torch_mgpu.synchronize()  # nothing of the refused call is left pending
+
+
+def test_quantile_keeps_its_other_checks_before_the_range_check():
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(8))
+    bad_q = torch.tensor([-0.5, 0.3])
+    cases = [
+        lambda d: torch.quantile(torch.empty(0, device=d), bad_q.to(d)),
+        lambda d: torch.quantile(x.to(d), bad_q.to(d), interpolation="bad"),
+        lambda d: torch.quantile(x.to(d), bad_q.to(d), dim=3),
+        lambda d: torch.quantile(x.to(d), bad_q.double().to(d)),
+        lambda d: torch.quantile(x.to(d), bad_q.view(2, 1).to(d)),
+        lambda d: torch.quantile(x.to(d), bad_q.to(d), out=torch.empty(0, dtype=torch.float64, device=d)),
+    ]
+    for case in cases:
+        with pytest.raises((RuntimeError, IndexError)) as want:
+            case("cpu")
+        with pytest.raises(want.type) as got:
+            case("mgpu")
+        assert str(got.value) == str(want.value)
+    # An out tensor is resized before the range is checked, as on the CPU.
+    outs = {d: torch.empty(0, device=d) for d in ("cpu", "mgpu")}
+    for d, out in outs.items():
+        with pytest.raises(RuntimeError):
+            torch.quantile(x.to(d), bad_q.to(d), dim=0, out=out)
+    assert outs["mgpu"].shape == outs["cpu"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("name", ["quantile", "nanquantile"])
+@pytest.mark.parametrize("variant", ["functional", "out", "inference", "grad"])
+def test_quantile_of_q_in_range_matches_eager(name, variant):
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(6, 5, dtype=torch.float64, generator=g)
+    x[1, 2] = float("nan")
+    q = torch.tensor([0.0, 0.25, 0.8, 1.0], dtype=torch.float64)
+    if variant == "grad":
+        xe, xm = x.clone().requires_grad_(), x.to("mgpu").requires_grad_()
+        w = torch.randn(4, 5, dtype=torch.float64, generator=g)
+        (getattr(torch, name)(xe, q, dim=0) * w).nansum().backward()
+        (getattr(torch, name)(xm, q.to("mgpu"), dim=0) * w.to("mgpu")).nansum().backward()
+        assert_same(xm.grad, xe.grad)
+        return
+    for kw in ({"dim": 0}, {"dim": 1, "keepdim": True}, {"interpolation": "midpoint"}):
+        got = _quantile_call(name, variant, x.to("mgpu"), q.to("mgpu"), **kw)
+        want = _quantile_call(name, variant, x, q, **kw)
+        assert_same(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(want, nan=7.0))  # quantile: NaN where x has
