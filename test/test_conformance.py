@@ -1054,3 +1054,24 @@ def test_quantile_of_q_in_range_matches_eager(name, variant):
         got = _quantile_call(name, variant, x.to("mgpu"), q.to("mgpu"), **kw)
         want = _quantile_call(name, variant, x, q, **kw)
         assert_same(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(want, nan=7.0))  # quantile: NaN where x has
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_one_hot_checks_its_classes_at_the_call_as_eager_cpu(inference):
+    # The composite checks the class values only on the CPU: on mgpu they
+    # fell to scatter's index check, another error at the next sync.
+    g = torch.Generator().manual_seed(11)
+    good = torch.randint(0, 4, (3, 5), generator=g)
+    cases = [(good, 4), (good, 6), (good, -1), (good - 1, 4), (good - 2, -1), (good + 1, 4), (good, 0), (good, -3),
+             (torch.empty(0, 3, dtype=torch.long), 0), (torch.empty(0, 3, dtype=torch.long), 5), (good.float(), 4)]
+    for x, n in cases:
+        with torch.inference_mode(inference):
+            try:
+                want = torch.nn.functional.one_hot(x, n)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError) as got:
+                    torch.nn.functional.one_hot(x.to("mgpu"), n)
+                assert str(got.value) == str(e), (x, n)
+                continue
+            assert_same(torch.nn.functional.one_hot(x.to("mgpu"), n), want)
+    torch_mgpu.synchronize()  # nothing of a refused call is left pending

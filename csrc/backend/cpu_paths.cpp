@@ -20,6 +20,13 @@
 // own checks first, in its order (run on meta copies of the arguments, which
 // skip the range check and compute nothing), then the range check (it reads
 // q, a sync of q's pending work), then the composite on mgpu.
+//
+// one_hot: the composite checks the class values (non-negative, below
+// num_classes) only on the CPU; elsewhere it leaves them to scatter's
+// index check (on mgpu: another error, at the next sync) and refuses a
+// num_classes below 1 in words of its own. Here the CPU's checks, in its
+// order (they read the smallest and largest class, a sync, as on the CPU),
+// then the composite.
 #include "backend/backend.h"
 
 #include <ATen/RedispatchFunctions.h>
@@ -28,7 +35,9 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/max_pool1d_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/nanquantile_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/one_hot_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/quantile_compositeimplicitautograd_dispatch.h>
 #include <torch/library.h>
 
@@ -116,6 +125,16 @@ at::Tensor& quantile_tensor_q_out(const at::Tensor& self, const at::Tensor& q, s
   return run(self, q, dim, keepdim, interpolation, out);
 }
 
+at::Tensor one_hot(const at::Tensor& self, int64_t num_classes) {
+  if (self.scalar_type() == at::kLong && self.numel() > 0 && !at::isTensorSubclassLike(self)) {
+    const auto [smallest, largest] = at::aminmax(self);
+    TORCH_CHECK(smallest.item<int64_t>() >= 0, "Class values must be non-negative.");
+    if (num_classes != -1)
+      TORCH_CHECK(num_classes > largest.item<int64_t>(), "Class values must be smaller than num_classes.");
+  }
+  return at::compositeimplicitautograd::one_hot(self, num_classes);
+}
+
 } // namespace
 } // namespace torch_mgpu::backend
 
@@ -129,6 +148,7 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d_autograd));
   // The composite, with its gradient, after the CPU's range check.
   TORCH_MGPU_QUANTILE_KERNELS(m);
+  m.impl("one_hot", TORCH_FN(torch_mgpu::backend::one_hot));
 }
 
 // Registered by name: a composite kernel counts as PrivateUse1's own, so the
@@ -137,4 +157,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d));
   // Reached below autograd (inference mode): the same.
   TORCH_MGPU_QUANTILE_KERNELS(m);
+  m.impl("one_hot", TORCH_FN(torch_mgpu::backend::one_hot));
 }
