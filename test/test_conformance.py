@@ -4,6 +4,7 @@ layouts (a kernel that keeps its input's strides where Meta promised
 contiguous ones), out= tensors that are views, result dtypes, complex
 scalars, quantized tensors, batch norm's eval outputs, overlap checks,
 TorchScript, deprecation warnings at the call."""
+import contextlib
 import os
 import warnings
 
@@ -1075,3 +1076,40 @@ def test_one_hot_checks_its_classes_at_the_call_as_eager_cpu(inference):
                 continue
             assert_same(torch.nn.functional.one_hot(x.to("mgpu"), n), want)
     torch_mgpu.synchronize()  # nothing of a refused call is left pending
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [dict(num_layers=2, batch_first=True, bidirectional=True),
+                                    dict(num_layers=1, proj_size=8), dict(num_layers=2, bias=False)])
+@pytest.mark.parametrize("mode", ["no_grad", "inference", "grad_mode_on"])
+def test_lstm_without_a_gradient_has_eagers_values(dtype, config, mode):
+    # The CPU runs a fused oneDNN lstm; the composite's loop of cells, which
+    # mgpu ran, parts from it in the last places (2e-3 in bfloat16). oneDNN's
+    # lstm reads grad mode (training or inference form, which part in the
+    # last place): the lane runs it under the caller's.
+    g = torch.Generator().manual_seed(12)
+    torch.manual_seed(12)
+    m = torch.nn.LSTM(16, 24, **config).to(dtype).requires_grad_(False)
+    x = torch.randn(5, 7, 16, generator=g).to(dtype)
+    guard = {"inference": torch.inference_mode, "no_grad": torch.no_grad, "grad_mode_on": contextlib.nullcontext}
+    with guard[mode]():
+        want_out, (want_h, want_c) = m(x)
+        m.to("mgpu")
+        got_out, (got_h, got_c) = m(x.to("mgpu"))
+    for got, want in ((got_out, want_out), (got_h, want_h), (got_c, want_c)):
+        assert_same(got, want)
+
+
+def test_lstm_with_a_gradient_keeps_the_composites_gradient():
+    g = torch.Generator().manual_seed(13)
+    torch.manual_seed(13)
+    m = torch.nn.LSTM(6, 10, num_layers=2, bidirectional=True).double()
+    x = torch.randn(4, 3, 6, dtype=torch.float64, generator=g)
+    w = torch.randn(4, 3, 20, dtype=torch.float64, generator=g)
+    (m(x)[0] * w).sum().backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m.to("mgpu")
+    (m(x.to("mgpu"))[0] * w.to("mgpu")).sum().backward()
+    for p, wg in zip(m.parameters(), want):
+        torch.testing.assert_close(p.grad.cpu(), wg)

@@ -1425,6 +1425,7 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
   for (size_t k = 0; k < call.mutated_slots.size(); ++k)
     node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
   node->state = state;
+  node->grad_mode = at::GradMode::is_enabled();
   node->where = caller_location();
   // Memoized now, on the recording thread, not at the sync. All but the
   // operands is fixed by the signature, unless host tensors were

@@ -150,6 +150,11 @@ struct Node {
   // with this seed, so that results do not depend on the schedule.
   std::optional<uint64_t> seed;
   CallState state;     // Op nodes: the settings at the call
+  // Op nodes: whether grad mode was on at the call (thread-local, so not a
+  // CallState): a few CPU kernels read it (oneDNN's lstm runs its training
+  // or its inference form, which part in the last place), and a lane runs
+  // the op under the caller's.
+  bool grad_mode = true;
   std::vector<Written> written;  // Op nodes: the tensor arguments the op writes
   // Op nodes: where the op was called ("model.py:12"; interned), or empty
   // where no caller location is known (C++ programs): errors name it.

@@ -154,6 +154,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   {
     RECORD_FUNCTION("mgpu::" + std::string(n.name), std::vector<c10::IValue>());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::AutoGradMode grad_mode(n.grad_mode);  // the caller's, as eager's kernel would see it
     // Autocast did its casts when the op was recorded; the lane's thread
     // carries the syncing thread's autocast state, which must not apply again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);

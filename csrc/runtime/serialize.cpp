@@ -300,6 +300,7 @@ void write_node(Writer& w, Writer& values, const Node& n) {
   w.put<uint8_t>(n.state.deterministic_warn_only);
   w.put<uint8_t>(n.state.fill_uninitialized);
   w.put<int8_t>(n.state.matmul_precision);
+  w.put<uint8_t>(n.grad_mode);
 }
 
 NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
@@ -380,6 +381,7 @@ NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
   n->state.deterministic_warn_only = r.get<uint8_t>();
   n->state.fill_uninitialized = r.get<uint8_t>();
   n->state.matmul_precision = r.get<int8_t>();
+  n->grad_mode = r.get<uint8_t>();
   return n;
 }
 
