@@ -1113,3 +1113,31 @@ def test_lstm_with_a_gradient_keeps_the_composites_gradient():
     (m(x.to("mgpu"))[0] * w.to("mgpu")).sum().backward()
     for p, wg in zip(m.parameters(), want):
         torch.testing.assert_close(p.grad.cpu(), wg)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mish_gradient_runs_cpus_kernel(dtype):
+    # mish_backward's composite (devices other than CPU and CUDA) rounds
+    # between its steps: a last-place difference in bfloat16.
+    g = torch.Generator().manual_seed(14)
+    x = (torch.randn(257, generator=g) * 3).to(dtype)
+    w = torch.randn(257, generator=g).to(dtype)
+    xe, xm = x.clone().requires_grad_(), x.to("mgpu").requires_grad_()
+    (torch.nn.functional.mish(xe) * w).sum().backward()
+    (torch.nn.functional.mish(xm) * w.to("mgpu")).sum().backward()
+    assert_same(xm.grad, xe.grad)
+    # Through a graph of the gradient (create_graph: the composite, as in eager).
+    xe, xm = x.double().requires_grad_(), x.double().to("mgpu").requires_grad_()
+    ge, = torch.autograd.grad(torch.nn.functional.mish(xe).sum(), xe, create_graph=True)
+    gm, = torch.autograd.grad(torch.nn.functional.mish(xm).sum(), xm, create_graph=True)
+    ge.sum().backward()
+    gm.sum().backward()
+    assert_same(xm.grad, xe.grad, exact=False)
+
+
+def test_native_channel_shuffle_keeps_a_channels_last_layout():
+    x = torch.randn(2, 6, 3, 4, generator=torch.Generator().manual_seed(15)).to(memory_format=torch.channels_last)
+    for fn in (torch.native_channel_shuffle, torch.nn.functional.channel_shuffle):
+        want, got = fn(x, 3), fn(x.to("mgpu"), 3)
+        assert got.stride() == want.stride()
+        assert_same(got, want)

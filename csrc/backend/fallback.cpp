@@ -141,8 +141,14 @@ struct DirectKernels {
     // kernel refuses, is taken. Recorded as ldexp, it runs CPU's kernel.
     // kaiser_window's composite calls the device's DispatchStub (none for
     // mgpu: an internal assert): recorded, the lanes run CPU's kernel.
+    // mish_backward and native_channel_shuffle have CPU kernels of their own
+    // and a composite for other devices: mish_backward's composite rounds
+    // between its steps (a last-place difference in bfloat16), and
+    // native_channel_shuffle's returns a contiguous result where the CPU's
+    // keeps a channels-last input's layout. Recorded, the lanes run CPU's.
     for (const char* name : {"convolution", "convolution_backward", "mode.values", "conj_physical_", "ldexp.Tensor",
-                             "ldexp.out", "ldexp_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"})
+                             "ldexp.out", "ldexp_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta",
+                             "mish_backward", "native_channel_shuffle"})
       lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&mgpu_fallback>());
   }
 };
