@@ -1078,26 +1078,49 @@ def test_one_hot_checks_its_classes_at_the_call_as_eager_cpu(inference):
     torch_mgpu.synchronize()  # nothing of a refused call is left pending
 
 
+_RNN_LAYERS = {
+    "lstm": lambda: torch.nn.LSTM(16, 24, num_layers=2, batch_first=True, bidirectional=True),
+    "lstm_proj": lambda: torch.nn.LSTM(16, 24, proj_size=8),
+    "lstm_no_bias": lambda: torch.nn.LSTM(16, 24, num_layers=2, bias=False),
+    "gru": lambda: torch.nn.GRU(16, 24, num_layers=2, batch_first=True, bidirectional=True),
+    "rnn_tanh": lambda: torch.nn.RNN(16, 24, num_layers=2),
+    "rnn_relu": lambda: torch.nn.RNN(16, 24, nonlinearity="relu", bidirectional=True),
+    "lstm_cell": lambda: torch.nn.LSTMCell(16, 24),
+    "gru_cell": lambda: torch.nn.GRUCell(16, 24),
+    "gru_cell_no_bias": lambda: torch.nn.GRUCell(16, 24, bias=False),
+}
+
+
+def _flat_results(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _flat_results(o)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", [dict(num_layers=2, batch_first=True, bidirectional=True),
-                                    dict(num_layers=1, proj_size=8), dict(num_layers=2, bias=False)])
+@pytest.mark.parametrize("layer", sorted(_RNN_LAYERS))
 @pytest.mark.parametrize("mode", ["no_grad", "inference", "grad_mode_on"])
-def test_lstm_without_a_gradient_has_eagers_values(dtype, config, mode):
-    # The CPU runs a fused oneDNN lstm; the composite's loop of cells, which
-    # mgpu ran, parts from it in the last places (2e-3 in bfloat16). oneDNN's
-    # lstm reads grad mode (training or inference form, which part in the
-    # last place): the lane runs it under the caller's.
+def test_recurrent_layers_without_a_gradient_have_eagers_values(dtype, layer, mode):
+    # The CPU takes paths of its own: a fused oneDNN lstm, every step's input
+    # projection in one product (gru, rnn), cells of addmm and pointwise ops;
+    # the composites' paths for other devices, which mgpu ran, part from them
+    # in the last places (2e-3 in bfloat16). oneDNN's lstm reads grad mode
+    # (training or inference form, which part in the last place): the lane
+    # runs it under the caller's.
     g = torch.Generator().manual_seed(12)
     torch.manual_seed(12)
-    m = torch.nn.LSTM(16, 24, **config).to(dtype).requires_grad_(False)
+    m = _RNN_LAYERS[layer]().to(dtype).requires_grad_(False)
     x = torch.randn(5, 7, 16, generator=g).to(dtype)
+    if "cell" in layer:
+        x = x[0]
     guard = {"inference": torch.inference_mode, "no_grad": torch.no_grad, "grad_mode_on": contextlib.nullcontext}
     with guard[mode]():
-        want_out, (want_h, want_c) = m(x)
+        want = _flat_results(m(x))
         m.to("mgpu")
-        got_out, (got_h, got_c) = m(x.to("mgpu"))
-    for got, want in ((got_out, want_out), (got_h, want_h), (got_c, want_c)):
-        assert_same(got, want)
+        got = _flat_results(m(x.to("mgpu")))
+    assert len(got) == len(want)
+    for gt, wt in zip(got, want):
+        assert_same(gt, wt)
 
 
 def test_lstm_with_a_gradient_keeps_the_composites_gradient():
@@ -1141,3 +1164,43 @@ def test_native_channel_shuffle_keeps_a_channels_last_layout():
         want, got = fn(x, 3), fn(x.to("mgpu"), 3)
         assert got.stride() == want.stride()
         assert_same(got, want)
+
+
+@pytest.mark.parametrize("layer", ["lstm", "gru", "rnn_tanh"])
+def test_recurrent_layers_over_packed_sequences_have_eagers_values(layer):
+    from torch.nn.utils.rnn import pack_padded_sequence
+    g = torch.Generator().manual_seed(16)
+    torch.manual_seed(16)
+    m = _RNN_LAYERS[layer]()
+    batch_first = getattr(m, "batch_first", False)
+    x = torch.randn(7, 5, 16, generator=g)
+    lengths = [5, 5, 4, 2, 1] if batch_first else [7, 5, 4, 2, 1]
+    if batch_first:
+        x = x.transpose(0, 1).contiguous()
+    with torch.no_grad():
+        want = m(pack_padded_sequence(x, lengths, batch_first=batch_first))
+        m.to("mgpu")
+        got = m(pack_padded_sequence(x.to("mgpu"), lengths, batch_first=batch_first))
+    assert got[0].batch_sizes.device.type == "cpu"
+    assert_same(got[0].data, want[0].data)
+    for gt, wt in zip(_flat_results(got[1]), _flat_results(want[1])):
+        assert_same(gt, wt)
+    # With a gradient: the composite, its gradient close to eager's.
+    m.to("cpu")
+    xe, xm = x.clone().requires_grad_(), x.to("mgpu").requires_grad_()
+    m(pack_padded_sequence(xe, lengths, batch_first=batch_first))[0].data.sum().backward()
+    m.to("mgpu")
+    m(pack_padded_sequence(xm, lengths, batch_first=batch_first))[0].data.sum().backward()
+    torch.testing.assert_close(xm.grad.cpu(), xe.grad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_packed_batch_sizes_off_the_host_are_refused(grad):
+    # The composite reads the batch sizes' bytes on the host: an mgpu tensor
+    # has none there (it read garbage sizes).
+    m = torch.nn.LSTM(4, 6)
+    x = torch.randn(10, 4, generator=torch.Generator().manual_seed(17))
+    hx = [torch.zeros(1, 5, 6).to("mgpu")] * 2
+    with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match="batch_sizes should always be on CPU"):
+        torch._VF.lstm(x.to("mgpu"), torch.tensor([5, 3, 2]).to("mgpu"), hx, [p.to("mgpu") for p in m._flat_weights],
+                       True, 1, 0.0, False, False)

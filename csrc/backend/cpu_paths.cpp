@@ -27,14 +27,6 @@
 // num_classes below 1 in words of its own. Here the CPU's checks, in its
 // order (they read the smallest and largest class, a sync, as on the CPU),
 // then the composite.
-//
-// lstm (lstm.input): on the CPU a fused oneDNN kernel for float32 and
-// bfloat16 (with or without a gradient); elsewhere the composite's loop of
-// cells, whose values part from it in the last places (3e-8 in float32,
-// 2e-3 in bfloat16). Without a gradient wanted it is recorded whole, one
-// node that the lanes run with their device's own lstm (the CPU's oneDNN
-// kernel on CPU lanes: eager's values); with one the composite runs (its
-// gradient needs its parts), and keeps that difference.
 #include "backend/backend.h"
 
 #include <ATen/RedispatchFunctions.h>
@@ -44,7 +36,6 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/max_pool1d_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/aminmax.h>
-#include <ATen/ops/lstm_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/nanquantile_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/one_hot_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/quantile_compositeimplicitautograd_dispatch.h>
@@ -134,46 +125,6 @@ at::Tensor& quantile_tensor_q_out(const at::Tensor& self, const at::Tensor& q, s
   return run(self, q, dim, keepdim, interpolation, out);
 }
 
-using LstmResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
-bool lstm_takes_composite(const at::Tensor& input, at::TensorList hx, at::TensorList params) {
-  if (takes_composite(input)) return true;
-  for (at::TensorList list : {hx, params})
-    for (const at::Tensor& t : list)
-      if (takes_composite(t)) return true;
-  return false;
-}
-
-LstmResult lstm_composite(const at::Tensor& input, at::TensorList hx, at::TensorList params, bool has_biases,
-                          int64_t num_layers, double dropout, bool train, bool bidirectional, bool batch_first) {
-  return at::compositeimplicitautograd::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-                                             batch_first);
-}
-
-LstmResult lstm_autograd(c10::DispatchKeySet ks, const at::Tensor& input, at::TensorList hx, at::TensorList params,
-                         bool has_biases, int64_t num_layers, double dropout, bool train, bool bidirectional,
-                         bool batch_first) {
-  if (lstm_takes_composite(input, hx, params))
-    return lstm_composite(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return at::redispatch::lstm(below_autograd(ks), input, hx, params, has_biases, num_layers, dropout, train,
-                              bidirectional, batch_first);
-}
-
-LstmResult lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params, bool has_biases, int64_t num_layers,
-                double dropout, bool train, bool bidirectional, bool batch_first) {
-  if (lstm_takes_composite(input, hx, params))
-    return lstm_composite(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::lstm", "input");
-  torch::jit::Stack stack;
-  torch::jit::push(stack, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
-  mgpu_fallback(op, &stack);
-  auto c = torch::jit::pop(stack).toTensor();
-  auto h = torch::jit::pop(stack).toTensor();
-  auto output = torch::jit::pop(stack).toTensor();
-  return {std::move(output), std::move(h), std::move(c)};
-}
-
 at::Tensor one_hot(const at::Tensor& self, int64_t num_classes) {
   if (self.scalar_type() == at::kLong && self.numel() > 0 && !at::isTensorSubclassLike(self)) {
     const auto [smallest, largest] = at::aminmax(self);
@@ -195,7 +146,6 @@ at::Tensor one_hot(const at::Tensor& self, int64_t num_classes) {
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d_autograd));
-  m.impl("lstm.input", TORCH_FN(torch_mgpu::backend::lstm_autograd));
   // The composite, with its gradient, after the CPU's range check.
   TORCH_MGPU_QUANTILE_KERNELS(m);
   m.impl("one_hot", TORCH_FN(torch_mgpu::backend::one_hot));
@@ -205,7 +155,6 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 // boxed fallback would not be reached.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool1d", TORCH_FN(torch_mgpu::backend::max_pool1d));
-  m.impl("lstm.input", TORCH_FN(torch_mgpu::backend::lstm));
   // Reached below autograd (inference mode): the same.
   TORCH_MGPU_QUANTILE_KERNELS(m);
   m.impl("one_hot", TORCH_FN(torch_mgpu::backend::one_hot));

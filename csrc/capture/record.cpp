@@ -1063,6 +1063,7 @@ struct OpInfo {
   bool random = false;         // takes a Generator
   bool empty_factory = false;
   bool host_indices = false;   // indexing: indices come from the host
+  bool host_batch_sizes = false;  // recurrent layers over packed sequences: batch sizes stay on the host
   bool aten = false;           // an aten op (others may have Python kernels)
   bool makes_quantized = false;  // quantize_per_tensor and friends
   bool batch_norm = false;     // native batch norm: eval mode saves nothing
@@ -1093,6 +1094,9 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.random = has_generator_arg(schema);
   info.empty_factory = is_empty_factory(op);
   info.host_indices = host_indices.count(schema.name()) > 0;
+  info.host_batch_sizes = schema.overload_name() == "data" &&
+      (schema.name() == "aten::lstm" || schema.name() == "aten::gru" || schema.name() == "aten::rnn_tanh" ||
+       schema.name() == "aten::rnn_relu");
   info.aten = n.rfind("aten::", 0) == 0;
   info.makes_quantized = schema.name().rfind("aten::quantize_per", 0) == 0 ||
       schema.name().rfind("aten::_make_per_", 0) == 0 || schema.name() == "aten::_empty_affine_quantized" ||
@@ -1467,6 +1471,8 @@ void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::A
   std::optional<c10::Device> other;
   const auto& schema = op.schema();
   for (size_t i = 0; i < args.size(); ++i) {
+    // A PackedSequence keeps its batch sizes on the host, on every device.
+    if (info.host_batch_sizes && i == 1) continue;
     // A 0-dim host tensor is a scalar the op reads; one it writes (an out=
     // tensor) is on another device, as on CUDA.
     const bool written = i < schema.arguments().size() && is_mutated(schema.arguments()[i]);
