@@ -1204,3 +1204,27 @@ def test_packed_batch_sizes_off_the_host_are_refused(grad):
     with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match="batch_sizes should always be on CPU"):
         torch._VF.lstm(x.to("mgpu"), torch.tensor([5, 3, 2]).to("mgpu"), hx, [p.to("mgpu") for p in m._flat_weights],
                        True, 1, 0.0, False, False)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "batch_norm"])
+def test_norms_run_with_the_callers_threads_beside_another_branch(norm):
+    # Their CPU kernels sum per thread, then the threads' sums: a lane with
+    # fewer intra-op threads than the caller rounded otherwise (batch norm's
+    # statistics, both norms' weight and bias gradients).
+    g = torch.Generator().manual_seed(18)
+    x, w, b = torch.randn(256, 1024, generator=g), torch.randn(1024, generator=g), torch.randn(1024, generator=g)
+    if norm == "layer_norm":
+        f = lambda x, w, b: torch.nn.functional.layer_norm(x, (1024,), w, b)  # noqa: E731
+    else:
+        f = lambda x, w, b: torch.nn.functional.batch_norm(x, None, None, w, b, training=True)  # noqa: E731
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = f(*leaves)
+    (y * y).sum().backward()
+    # Two independent branches: the plan puts them on two lanes.
+    ms = [t.to("mgpu").requires_grad_() for t in (x, w, b)]
+    ms2 = [t.to("mgpu").requires_grad_() for t in (x * 2, w, b)]
+    y1, y2 = f(*ms), f(*ms2)
+    ((y1 * y1).sum() + (y2 * y2).sum()).backward()
+    assert_same(y1.detach(), y.detach())
+    for got, want in zip(ms, leaves):
+        assert_same(got.grad, want.grad)

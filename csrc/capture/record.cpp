@@ -12,6 +12,7 @@
 #include "ir/view.h"
 #include "runtime/counters.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/SmallVector.h>
 #include <ATen/EmptyTensor.h>
@@ -1064,6 +1065,7 @@ struct OpInfo {
   bool empty_factory = false;
   bool host_indices = false;   // indexing: indices come from the host
   bool host_batch_sizes = false;  // recurrent layers over packed sequences: batch sizes stay on the host
+  bool thread_sensitive = false;  // its CPU kernel rounds by its thread count (Node::call_threads)
   bool aten = false;           // an aten op (others may have Python kernels)
   bool makes_quantized = false;  // quantize_per_tensor and friends
   bool batch_norm = false;     // native batch norm: eval mode saves nothing
@@ -1094,6 +1096,15 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.random = has_generator_arg(schema);
   info.empty_factory = is_empty_factory(op);
   info.host_indices = host_indices.count(schema.name()) > 0;
+  // Measured: 1 and 2 intra-op threads give other bits for these CPU kernels
+  // (test_conformance). Matrix products may too (MKL splits a long inner
+  // dimension), but run on fewer threads by design: that is what lets
+  // branches of products run side by side (docs/ARCHITECTURE.md).
+  static const std::unordered_set<std::string> thread_sensitive = {
+      "aten::native_layer_norm_backward", "aten::native_batch_norm", "aten::native_batch_norm_backward",
+      "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",
+      "aten::_native_batch_norm_legit_no_training", "aten::prod"};
+  info.thread_sensitive = thread_sensitive.count(schema.name()) > 0;
   info.host_batch_sizes = schema.overload_name() == "data" &&
       (schema.name() == "aten::lstm" || schema.name() == "aten::gru" || schema.name() == "aten::rnn_tanh" ||
        schema.name() == "aten::rnn_relu");
@@ -1430,6 +1441,7 @@ bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack
     node->written.push_back(ir::Written{call.mutated_at[k].first, call.mutated_at[k].second, mr.mutated_geom[k]});
   node->state = state;
   node->grad_mode = at::GradMode::is_enabled();
+  if (info.thread_sensitive) node->call_threads = static_cast<int16_t>(at::get_num_threads());
   node->where = caller_location();
   // Memoized now, on the recording thread, not at the sync. All but the
   // operands is fixed by the signature, unless host tensors were

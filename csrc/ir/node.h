@@ -155,6 +155,11 @@ struct Node {
   // or its inference form, which part in the last place), and a lane runs
   // the op under the caller's.
   bool grad_mode = true;
+  // Op nodes whose CPU kernel splits its work by the intra-op thread count
+  // and so rounds by it (a reduction per thread, then their sum: layer and
+  // batch norm's statistics and gradients, prod): the caller's count, which
+  // a lane then runs it with (0: any count gives the same bits).
+  int16_t call_threads = 0;
   std::vector<Written> written;  // Op nodes: the tensor arguments the op writes
   // Op nodes: where the op was called ("model.py:12"; interned), or empty
   // where no caller location is known (C++ programs): errors name it.

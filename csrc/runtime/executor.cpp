@@ -905,7 +905,12 @@ struct Run {
       reuse = &no_replica_reuse;
     }
     std::optional<ScopedParallelism> narrow;
-    if (!p.one_thread.empty() && p.one_thread[i]) narrow.emplace(1);
+    if (node.call_threads > 0 && place.device.is_cpu()) {
+      // Its kernel rounds by its thread count: the caller's, as in eager.
+      if (node.call_threads != thread_parallelism()) narrow.emplace(node.call_threads);
+    } else if (!p.one_thread.empty() && p.one_thread[i]) {
+      narrow.emplace(1);
+    }
     NodeTiming timing;
     timing.lane = lane;
     timing.threads = thread_parallelism();

@@ -301,6 +301,7 @@ void write_node(Writer& w, Writer& values, const Node& n) {
   w.put<uint8_t>(n.state.fill_uninitialized);
   w.put<int8_t>(n.state.matmul_precision);
   w.put<uint8_t>(n.grad_mode);
+  w.put<int16_t>(n.call_threads);
 }
 
 NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
@@ -382,6 +383,7 @@ NodePtr read_node(Reader& r, std::vector<int>& holes, uint32_t* operand_count) {
   n->state.fill_uninitialized = r.get<uint8_t>();
   n->state.matmul_precision = r.get<int8_t>();
   n->grad_mode = r.get<uint8_t>();
+  n->call_threads = r.get<int16_t>();
   return n;
 }
 
