@@ -1228,3 +1228,13 @@ def test_norms_run_with_the_callers_threads_beside_another_branch(norm):
     assert_same(y1.detach(), y.detach())
     for got, want in zip(ms, leaves):
         assert_same(got.grad, want.grad)
+
+
+def test_prod_runs_with_the_callers_threads_beside_another_branch():
+    g = torch.Generator().manual_seed(19)
+    a, b = (torch.rand(256, 1024, generator=g) * 0.02 + 0.99 for _ in range(2))
+    want = [a.prod(), b.prod(0)]
+    am, bm = a.to("mgpu"), b.to("mgpu")
+    got = [(am * 1.0).prod(), (bm * 1.0).prod(0)]  # two branches, two lanes
+    for gt, wt in zip(got, want):
+        assert_same(gt, wt)
