@@ -1238,3 +1238,35 @@ def test_prod_runs_with_the_callers_threads_beside_another_branch():
     got = [(am * 1.0).prod(), (bm * 1.0).prod(0)]  # two branches, two lanes
     for gt, wt in zip(got, want):
         assert_same(gt, wt)
+
+
+def test_nested_tensors_are_refused_by_name():
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    with pytest.raises(NotImplementedError, match=r"mgpu: nested tensors are not supported \(aten::_to_copy\)"):
+        torch.nested.nested_tensor([a, b]).to("mgpu")
+    with pytest.raises(NotImplementedError, match=r"mgpu: nested tensors are not supported \(aten::mul\)"):
+        torch.nested.as_nested_tensor([a.to("mgpu"), b.to("mgpu")]) * 2
+    # The jagged layout is a Python subclass over dense tensors: it works.
+    want = (torch.nested.nested_tensor([a, b], layout=torch.jagged) * 2).to_padded_tensor(0.0)
+    got = (torch.nested.nested_tensor([a, b], layout=torch.jagged).to("mgpu") * 2).to_padded_tensor(0.0)
+    assert_same(got, want)
+
+
+def test_transformer_encoder_with_a_padding_mask_in_eval_mode():
+    # Its fast path makes a nested tensor (the left-alignment check first):
+    # refused with the way round it, which gives eager's values.
+    g = torch.Generator().manual_seed(20)
+    torch.manual_seed(20)
+    x = torch.randn(3, 7, 16, generator=g)
+    mask = torch.tensor([[False] * 7, [False] * 5 + [True] * 2, [False] * 3 + [True] * 4])
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
+    enc = torch.nn.TransformerEncoder(layer, 2).eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc.to("mgpu")
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+            enc(x.to("mgpu"), src_key_padding_mask=mask.to("mgpu"))
+        plain = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval().cpu()
+        want = plain(x, src_key_padding_mask=mask)
+        plain.to("mgpu")
+        assert_same(plain(x.to("mgpu"), src_key_padding_mask=mask.to("mgpu")), want)

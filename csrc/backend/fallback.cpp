@@ -161,13 +161,17 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::mgpu_fallback>());
 }
 
-// A factory asked for a sparse or quantized mgpu tensor (`sparse_coo_tensor(
+// A factory asked for a sparse, nested or quantized mgpu tensor (`sparse_coo_tensor(
 // ..., device="mgpu")`, `_empty_affine_quantized`) reaches these keys: the
 // same clear refusal as an op on one.
 namespace torch_mgpu::backend {
 namespace {
 void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: sparse tensors are not supported (", op.schema().name(),
+                              "); use them on the CPU: x.cpu()");
+}
+void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "mgpu: nested tensors are not supported (", op.schema().name(),
                               "); use them on the CPU: x.cpu()");
 }
 void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
@@ -182,6 +186,9 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
 }
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_sparse>());
+}
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_nested>());
 }
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::refuse_quantized>());

@@ -1013,6 +1013,10 @@ bool makes_sparse(const std::string& name) {
   return false;
 }
 
+bool makes_nested(const std::string& name) {
+  return name.rfind("aten::_nested_", 0) == 0 || name.rfind("aten::nested_", 0) == 0;
+}
+
 bool is_empty_factory(const c10::OperatorHandle& op) {
   const auto& n = op.schema().operator_name();
   return n.name == "aten::empty_strided" || (n.name == "aten::empty" && n.overload_name == "memory_format");
@@ -1073,6 +1077,7 @@ struct OpInfo {
   bool contiguous_if_complex = false;  // the same, where its first argument is complex
   bool nansum = false;         // canonical_dims: `dim=[]` means every dim
   bool makes_sparse = false;   // its name says it makes a sparse tensor
+  bool makes_nested = false;   // its name says it makes (or reads) a nested tensor
   mutable MetaCacheMemo last_signature;  // the cache entry its last call found
   // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
   // (refuse_unsupported reads those for quantized and sparse requests).
@@ -1121,6 +1126,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.contiguous_if_complex = n == "aten::angle";
   info.nansum = schema.name() == "aten::nansum";
   info.makes_sparse = makes_sparse(schema.name());
+  info.makes_nested = makes_nested(schema.name());
   for (const auto& a : schema.arguments()) {
     auto type = a.type();
     if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
@@ -1499,7 +1505,7 @@ void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::A
 
 namespace {
 
-// Quantized and sparse tensors have no mgpu form (the lazy storage holds
+// Quantized, sparse and nested tensors have no mgpu form (the lazy storage holds
 // plain strided bytes): refused at the call, by name, as a backend without
 // such kernels refuses them.
 void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
@@ -1521,6 +1527,11 @@ void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::
                               "); quantize on the CPU: x.cpu()");
   TORCH_CHECK_NOT_IMPLEMENTED(!sparse, "mgpu: sparse tensors are not supported (", schema.name(),
                               "); use them on the CPU: x.cpu()");
+  bool nested = info.makes_nested;
+  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { nested = nested || t.is_nested(); });
+  TORCH_CHECK_NOT_IMPLEMENTED(!nested, "mgpu: nested tensors are not supported (", schema.name(),
+                              "); use them on the CPU: x.cpu(). nn.TransformerEncoder makes them in eval mode "
+                              "when given a src_key_padding_mask: build it with enable_nested_tensor=False");
 }
 
 } // namespace
