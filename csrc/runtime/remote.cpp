@@ -229,7 +229,7 @@ std::exception_ptr read_error(Reader& r, std::string* message) {
 
 std::string wire_version() {
   if (const char* fake = std::getenv("TORCH_MGPU_WIRE_VERSION")) return fake;  // tests: a mismatched worker
-  return "torch_mgpu 0.1.0 wire 3";
+  return "torch_mgpu 0.1.0 wire 4";  // 4: nodes carry their grad mode and thread count
 }
 
 std::string torch_version() { return TORCH_VERSION; }
