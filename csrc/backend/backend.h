@@ -7,6 +7,7 @@
 #include "ir/partition.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 
@@ -57,6 +58,12 @@ at::Tensor value_view(const at::Tensor& t, c10::Device device);
 inline bool wants_grad(const at::Tensor& t) {
   return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
 }
+// Eager's test for a composite's path, made where eager's composite makes it
+// (at the backend key): a gradient wanted or a tensor subclass takes the
+// composite; a call that reaches the backend key below autograd with a
+// gradient wanted (under `_AutoDispatchBelowAutograd`, from an autograd
+// fallback) too.
+inline bool takes_composite(const at::Tensor& t) { return wants_grad(t) || at::isTensorSubclassLike(t); }
 // The keys below autograd, for the recording kernel.
 inline c10::DispatchKeySet below_autograd(c10::DispatchKeySet ks) { return ks & c10::after_ADInplaceOrView_keyset; }
 

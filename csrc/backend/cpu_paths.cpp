@@ -44,12 +44,6 @@
 namespace torch_mgpu::backend {
 namespace {
 
-// Eager's test, made where eager's composite makes it (at the backend key):
-// a call that reaches it below autograd with a gradient wanted (under
-// `_AutoDispatchBelowAutograd`, from an autograd fallback) takes the
-// composite too.
-bool takes_composite(const at::Tensor& self) { return wants_grad(self) || at::isTensorSubclassLike(self); }
-
 at::Tensor max_pool1d_autograd(c10::DispatchKeySet ks, const at::Tensor& self, at::IntArrayRef kernel_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                bool ceil_mode) {
@@ -84,9 +78,9 @@ bool all_on(const at::Tensor& t, std::initializer_list<const at::Tensor*> others
 }
 
 // Raises what eager CPU raises for a q outside [0, 1]. `structure` runs the
-// composite on meta tensors standing for its arguments (nullptr where they
-// are on different devices: the composite itself then names that) and gives
-// the result's sizes; `out`, where given, is resized to them first, as the
+// composite on meta tensors standing for its arguments and gives the
+// result's sizes (not run where the arguments are on different devices:
+// the composite itself then names that); `out`, where given, is resized to them first, as the
 // CPU's composite resizes it before it checks the range.
 template <typename Structure>
 void check_quantile_range(const at::Tensor& q, at::Tensor* out, bool same_devices, Structure structure) {

@@ -34,10 +34,9 @@
 namespace torch_mgpu::backend {
 namespace {
 
-// Whether an argument makes the call take the composite: a tensor that wants
-// a gradient (eager's own test for the path, made where eager makes it) or a
-// tensor subclass.
-bool takes_composite(const at::Tensor& t) { return wants_grad(t) || at::isTensorSubclassLike(t); }
+// Whether an argument makes the call take the composite (backend.h's test,
+// over every tensor of the call).
+using backend::takes_composite;
 bool takes_composite(at::TensorList list) {
   for (const at::Tensor& t : list)
     if (takes_composite(t)) return true;
