@@ -137,9 +137,31 @@ def test_the_split_asks_the_engines_list_scheduler(monkeypatch):
     a, b = torch.randn(4, 256, 256), torch.randn(4, 256, 256)
     gm = make_fx(branches)(a, b)
     assert len(_partition.split(gm, lanes=2)) >= 2
-    # The split is kept only if that schedule beats one piece.
-    monkeypatch.setattr(_C, "_partition_makespan", lambda *args: 1.0)
+    # The split is kept only if that schedule beats one piece: branches
+    # that cost less than a partition's call stay one piece.
+    gm = make_fx(branches)(torch.randn(4, 4, 4), torch.randn(4, 4, 4))
     assert len(_partition.split(gm, lanes=2)) == 1
+    # The engine's split itself: independent work in two groups on two
+    # lanes; the same behind a dependency, or on one lane, in one.
+    assert _C._split_groups([1e-2, 1e-2], [[], []], 2) == [[0], [1]]
+    assert _C._split_groups([1e-2, 1e-2], [[], [0]], 2) == [[0, 1]]
+    assert _C._split_groups([1e-2, 1e-2], [[], []], 1) == [[0, 1]]
+    assert _C._split_groups([1e-7, 1e-7], [[], []], 2) == [[0, 1]]
+
+
+def test_many_small_branches_are_bundled_for_the_lanes():
+    # 64 branches, each too small for a call of its own (under a sixteenth
+    # of the work per lane), joined at the end: bundled (siblings, the same
+    # neighbours) into groups the lanes share, instead of all moving into
+    # their join.
+    call = _C._cost_model()["partition_call_s"]
+    n = 64
+    cost = [call] * n + [call]
+    preds = [[] for _ in range(n)] + [list(range(n))]
+    groups = _C._split_groups(cost, preds, 2)
+    assert 2 < len(groups) < n, groups
+    assert sorted(i for g in groups for i in g) == list(range(n + 1))
+    assert n in groups[-1]  # the join runs last
 
 
 # -- the partition op --------------------------------------------------------

@@ -496,3 +496,125 @@ def test_torch_compile_on_another_thread_runs_while_a_graph_is_traced(tiered, mo
     finally:
         release.set()
     assert torch_mgpu.wait_for_compiles(120)
+
+
+@pytest.fixture
+def two_lanes():
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2)
+    yield
+    torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
+
+
+def towers(a, b, c, d, acc):
+    # Two independent products (each worth a lane), a join, and an in-place
+    # write into an input that one tower reads first.
+    left = torch.tanh(a @ b) * 0.5
+    right = torch.relu(c @ d) + 0.25
+    acc.add_(left.sum(0))
+    return left + right, right.mean()
+
+
+def tower_inputs(seed, n):
+    # Each test its own size: graphs are remembered by structure, per process.
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, n, generator=g) for _ in range(4)] + [torch.randn(n, generator=g)]
+
+
+def test_a_graph_with_branches_runs_its_compiled_parts_on_the_lanes(tiered, no_trial, two_lanes):
+    cpu = tower_inputs(0, 400)
+    mg = [t.to("mgpu") for t in cpu]
+    tiers = []
+    for k in range(5):
+        want = towers(*cpu)
+        got = towers(*mg)
+        for w, t in zip(want, got):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(mg[4].cpu(), cpu[4], rtol=1e-4, atol=1e-3)  # written once a step, in either tier
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1, 1], torch_mgpu._C._tier_last_error()
+    plan = torch_mgpu.last_plan()
+    # Kept without a trial: the parts (the last way compiled), each tower on
+    # a lane of its own, the join after both.
+    assert "parts on 2 lanes" in plan.compiled, plan.compiled
+    text = str(plan)
+    assert "cpu:0/lane0" in text and "cpu:0/lane1" in text
+
+
+def test_a_trial_times_the_whole_graph_and_its_parts_and_keeps_the_faster(tiered, two_lanes):
+    cpu = tower_inputs(1, 384)
+    mg = [t.to("mgpu") for t in cpu]
+    before = tier1_stats()
+    for k in range(14):
+        want = towers(*cpu)
+        for w, t in zip(want, towers(*mg)):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    after = tier1_stats()
+    assert after["tier1_compiled"] - before["tier1_compiled"] == 1
+    # Each way had a cold call and three timed ones: 8 tier-1 runs, then
+    # the decision (kept: measured both; or back to tier 0).
+    plan = torch_mgpu.last_plan()
+    if plan.tier == 1:
+        assert "measured whole" in plan.compiled and "parts" in plan.compiled, plan.compiled
+    else:
+        assert "ran no faster than tier 0" in torch_mgpu._C._tier_last_error()
+    assert after["tier1_runs"] - before["tier1_runs"] >= 8
+
+
+def test_a_part_that_fails_leaves_the_graph_to_tier_0(tiered, no_trial, two_lanes, monkeypatch):
+    real = _tiers.compile_request
+
+    def failing_parts(req):
+        fn, dtypes, description, lifted = real(req)
+        if not req.get("split"):
+            return fn, dtypes, description, lifted
+
+        def broken(tensors):
+            out = fn(tensors)
+            if req["lane"] == 1:  # the part on the second lane fails after it ran
+                raise RuntimeError("injected failure in a part")
+            return out
+        return broken, dtypes, description, lifted
+
+    monkeypatch.setattr(_tiers, "compile_request", failing_parts)
+    cpu = tower_inputs(2, 392)
+    mg = [t.to("mgpu") for t in cpu]
+    before = tier1_stats()
+    for k in range(4):
+        want = towers(*cpu)
+        for w, t in zip(want, towers(*mg)):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(mg[4].cpu(), cpu[4], rtol=1e-4, atol=1e-3)  # never written twice
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    after = tier1_stats()
+    assert after["tier1_fallbacks"] - before["tier1_fallbacks"] == 1
+    assert "injected failure in a part" in torch_mgpu._C._tier_last_error()
+    assert torch_mgpu.last_plan().tier == 0
+
+
+def test_a_split_graph_takes_a_changing_constant_as_an_input(tiered, no_trial, two_lanes):
+    # A scale that changes every step (a schedule's learning rate) in one
+    # tower: an input of the part that uses it, not a compile per step.
+    cpu = tower_inputs(3, 396)
+    mg = [t.to("mgpu") for t in cpu]
+
+    def f(a, b, c, d, acc, lr):
+        return torch.tanh(a @ b) * lr + torch.relu(c @ d)
+
+    before = tier1_stats()
+    tiers = []
+    for k in range(7):
+        lr = 0.5 / (1 + k)
+        torch.testing.assert_close(f(*mg, lr).cpu(), f(*cpu, lr), rtol=1e-4, atol=1e-4)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers[2:] == [1] * 5, torch_mgpu._C._tier_last_error()
+    plan = torch_mgpu.last_plan()
+    assert "parts on 2 lanes" in plan.compiled and "constant(s) as inputs" in plan.compiled, plan.compiled
+    assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] == 1

@@ -4,6 +4,9 @@
 // the lanes as partitions.
 #include "engine/engine.h"
 #include "engine/execution.h"
+#include "plan/groups.h"
+
+#include <algorithm>
 
 namespace torch_mgpu::engine {
 
@@ -26,6 +29,58 @@ double partition_makespan(std::vector<double> seconds, const std::vector<std::ve
   const auto& cm = cost_model();
   for (double& s : seconds) s += cm.partition_call_s;
   return plan::schedule_tasks(t, cm, plan::make_tasks(std::move(seconds), preds)).makespan;
+}
+
+std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
+                                              const std::vector<std::vector<int>>& preds, int lanes,
+                                              std::vector<int>& lane_of, double& makespan) {
+  const size_t n = cost.size();
+  double total = 0;
+  for (double c : cost) total += c;
+  const auto cm = cost_model();
+  std::vector<int> all(n);
+  for (size_t k = 0; k < n; ++k) all[k] = static_cast<int>(k);
+  lane_of.assign(1, 0);
+  makespan = total + cm.partition_call_s;
+  if (lanes < 2 || n < 2) return {all};
+  // Small: not worth a piece's call, or a sliver of the whole graph.
+  auto groups = plan::group_nodes(cost, preds, std::max(cm.partition_call_s, total / (16.0 * lanes)));
+  if (groups.size() < 2) return {all};
+  std::vector<int> group_of(n, -1);
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int i : groups[k]) group_of[static_cast<size_t>(i)] = static_cast<int>(k);
+  std::vector<double> seconds(groups.size(), cm.partition_call_s);
+  std::vector<std::vector<int>> group_preds(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int i : groups[k]) {
+      seconds[k] += cost[static_cast<size_t>(i)];
+      for (int p : preds[static_cast<size_t>(i)]) {
+        const int d = group_of[static_cast<size_t>(p)];
+        auto& gp = group_preds[k];
+        if (d != static_cast<int>(k) && std::find(gp.begin(), gp.end(), d) == gp.end()) gp.push_back(d);
+      }
+    }
+  const auto sched = plan::schedule_tasks(topology_for(lanes), cm, plan::make_tasks(std::move(seconds), group_preds));
+  lane_of = sched.lane_of;
+  makespan = sched.makespan;
+  return groups;
+}
+
+std::vector<std::vector<int>> split_groups(const std::vector<double>& cost, const std::vector<std::vector<int>>& preds,
+                                           int lanes) {
+  std::vector<int> lane_of;
+  double makespan = 0;
+  auto groups = schedule_groups(cost, preds, lanes, lane_of, makespan);
+  double total = 0;
+  for (double c : cost) total += c;
+  if (groups.size() > 1 && worth_splitting(makespan, total)) return groups;
+  std::vector<int> all(cost.size());
+  for (size_t k = 0; k < cost.size(); ++k) all[k] = static_cast<int>(k);
+  return {all};
+}
+
+bool worth_splitting(double makespan, double total) {
+  return makespan * plan::kMinSplitGain <= total + cost_model().partition_call_s;
 }
 
 } // namespace torch_mgpu::engine

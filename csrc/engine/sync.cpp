@@ -121,7 +121,7 @@ void Execution::run() {
     record = rec;
     if (tier.compiled) {
       rec->tier = 1;
-      rec->compiled = tier.compiled->description;
+      rec->compiled = tier.compiled->description + (tier.choice.empty() ? "" : "; kept after it " + tier.choice);
     } else {
       learn(g, *lanes, caller_threads, plan, result);
     }

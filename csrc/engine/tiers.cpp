@@ -4,12 +4,15 @@
 #include "ir/fork_order.h"
 
 #include "capture/lazy_tensor.h"
+#include "capture/state_lock.h"
 #include "engine/plan_cache.h"
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
 #include "runtime/counters.h"
 #include "runtime/lanes.h"
 #include "runtime/place.h"
+
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,11 +46,16 @@ struct Entry {
   State state = State::Cold;
   std::shared_ptr<const CompileRequest> request;  // while queued or compiling
   std::vector<uint64_t> first_values;  // each constant's exact hash at the first tier-0 run
-  std::shared_ptr<const CompiledGraph> compiled;
-  std::vector<double> tier0, tier1;  // seconds
-  std::vector<double> recent;         // kept code's latest runs
-  double kept_median = 0;             // its trial's median
-  int tier1_runs = 0;
+  std::shared_ptr<const CompiledGraph> compiled;  // the code kept
+  // On trial: the ways compiled (the whole graph; its parts on the lanes),
+  // each's calls (the first is cold) and timed seconds.
+  std::vector<std::shared_ptr<const CompiledGraph>> trial;
+  std::vector<int> trial_calls;
+  std::vector<std::vector<double>> trial_seconds;
+  std::vector<double> tier0;   // seconds
+  std::vector<double> recent;  // kept code's latest runs
+  double kept_median = 0;      // its trial's median
+  std::string choice;          // how the ways compiled measured, where there were two
   uint64_t used = 0;
 };
 
@@ -210,16 +218,29 @@ at::Tensor lifted_input(const c10::IValue& v) {
   return at::scalar_tensor(d, at::TensorOptions().dtype(at::kDouble));
 }
 
-// The leaves (values read from outside the graph) in first-use order, and the
-// roots the graph computes, without repeats: the order compiled code takes
-// and returns them in, the same for every graph of one key.
-struct Layout {
+// The graph's values, numbered as a CompileRequest numbers them: the leaves
+// (values read from outside the graph) in first-use order, then every
+// node's outputs in node order; and the roots the graph computes, without
+// repeats. The same for every graph of one key.
+struct Numbering {
   std::vector<ir::Value> leaves;
-  std::vector<std::pair<int, int>> roots;  // (node, output)
+  std::vector<int> first;                 // first[i]: the number of node i's output 0
+  std::vector<std::pair<int, int>> outputs;  // (node, output) of number first[0] + j
+  std::vector<int> roots;                 // value numbers
+  std::vector<std::pair<int, int>> root_outputs;  // (node, output) of each root
+
+  int count() const { return first.empty() ? 0 : first.back(); }
+  // The number of `v`, a leaf or an output of g's node `i` (-1: a leaf).
+  int of(const ir::Value& v, int i) const {
+    if (i >= 0) return first[static_cast<size_t>(i)] + static_cast<int>(v.index);
+    for (size_t k = 0; k < leaves.size(); ++k)
+      if (leaves[k] == v) return static_cast<int>(k);
+    return -1;
+  }
 };
 
-Layout layout_of(const ir::Graph& g) {
-  Layout lay;
+Numbering number(const ir::Graph& g) {
+  Numbering nb;
   std::unordered_map<const ir::Node*, std::vector<int>> seen;  // leaf node -> outputs taken
   for (const auto& n : g.nodes)
     for (const auto& v : n->operands) {
@@ -227,22 +248,24 @@ Layout layout_of(const ir::Graph& g) {
       auto& outs = seen[v.node.get()];
       if (std::find(outs.begin(), outs.end(), v.index) != outs.end()) continue;
       outs.push_back(v.index);
-      lay.leaves.push_back(v);
+      nb.leaves.push_back(v);
     }
-  std::unordered_set<uint64_t> taken;
+  nb.first.resize(g.size() + 1, static_cast<int>(nb.leaves.size()));
+  for (size_t i = 0; i < g.size(); ++i) {
+    nb.first[i + 1] = nb.first[i] + static_cast<int>(g.nodes[i]->outputs.size());
+    for (size_t k = 0; k < g.nodes[i]->outputs.size(); ++k) nb.outputs.emplace_back(static_cast<int>(i), static_cast<int>(k));
+  }
+  std::unordered_set<int> taken;
   for (const auto& r : g.roots) {
     const int i = g.find(r.node.get());
     if (i < 0) continue;
-    if (taken.insert((static_cast<uint64_t>(i) << 20) ^ static_cast<uint64_t>(r.index)).second)
-      lay.roots.emplace_back(i, r.index);
+    const int v = nb.of(r, i);
+    if (taken.insert(v).second) {
+      nb.roots.push_back(v);
+      nb.root_outputs.emplace_back(i, r.index);
+    }
   }
-  return lay;
-}
-
-int leaf_number(const Layout& lay, const ir::Value& v) {
-  for (size_t k = 0; k < lay.leaves.size(); ++k)
-    if (lay.leaves[k] == v) return static_cast<int>(k);
-  return -1;
+  return nb;
 }
 
 size_t stored_bytes(const ir::Value& v) {
@@ -301,28 +324,201 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
 
 bool eligible(const ir::Graph& g, const Lanes& l) { return ineligible(g, l).empty(); }
 
-std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key) {
-  auto req = std::make_shared<CompileRequest>();
-  req->key = key;
-  const Layout lay = layout_of(g);
-  for (const auto& v : lay.leaves) {
-    CompileRequest::Leaf leaf;
-    leaf.nbytes = stored_bytes(v);
-    req->leaves.push_back(leaf);
-  }
-  std::vector<int> first(g.size() + 1, static_cast<int>(lay.leaves.size()));
-  for (size_t i = 0; i < g.size(); ++i) first[i + 1] = first[i] + static_cast<int>(g.nodes[i]->outputs.size());
-  for (size_t i = 0; i < g.size(); ++i) {
-    const auto& n = *g.nodes[i];
-    CompileRequest::Node rn{*n.op, {n.args.begin(), n.args.end()}, {}, {n.outputs.begin(), n.outputs.end()}, {}, n.written};
-    for (const auto& v : n.operands) {
-      const int j = g.find(v.node.get());
-      rn.operands.push_back(j >= 0 ? first[j] + v.index : leaf_number(lay, v));
+// Parts of a split graph beyond this many: compiled whole instead (each
+// part is a compile).
+constexpr size_t kMaxParts = 16;
+
+// The groups on each lane joined into as few parts as keep the lanes
+// apart: a lane's groups, in order, join its current part until one reads
+// from a part (on another lane) that the current part does not already
+// wait for; that group starts the lane's next part. A part then waits for
+// others only before it starts, and only for parts that do not wait for it
+// (counting each lane's order of parts as waits too): lanes that run their
+// parts in order cannot wait for each other in a circle. `groups` in a
+// topological order; `lane` per group, then per part.
+std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::vector<std::vector<int>>& groups,
+                                               std::vector<int>& lane) {
+  std::vector<std::vector<int>> parts, after;  // after[c]: parts c reads (and its lane's previous part)
+  std::vector<int> part_lane;
+  std::vector<int> part_of(g.size(), -1);
+  std::unordered_map<int, int> current;  // lane -> its current part
+  std::vector<char> seen;
+  auto waits_for = [&](int from, int to) {
+    seen.assign(parts.size(), 0);
+    std::vector<int> stack{from};
+    while (!stack.empty()) {
+      const int c = stack.back();
+      stack.pop_back();
+      if (c == to) return true;
+      if (seen[static_cast<size_t>(c)]) continue;
+      seen[static_cast<size_t>(c)] = 1;
+      for (int d : after[static_cast<size_t>(c)]) stack.push_back(d);
     }
-    for (size_t k = 0; k < n.outputs.size(); ++k) rn.output_values.push_back(first[i] + static_cast<int>(k));
-    req->nodes.push_back(std::move(rn));
+    return false;
+  };
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const int l = lane.at(k);
+    auto it = current.find(l);
+    int c = it == current.end() ? -1 : it->second;
+    std::vector<int> reads;
+    for (int i : groups[k])
+      for (int d : g.deps[static_cast<size_t>(i)]) {
+        const int pd = part_of[static_cast<size_t>(d)];
+        if (pd >= 0 && std::find(reads.begin(), reads.end(), pd) == reads.end()) reads.push_back(pd);
+      }
+    bool fits = c >= 0;
+    for (int pd : reads)
+      if (fits && pd != c && !waits_for(c, pd)) fits = false;
+    if (!fits) {
+      parts.emplace_back();
+      after.emplace_back();
+      part_lane.push_back(l);
+      if (c >= 0) after.back().push_back(c);
+      c = static_cast<int>(parts.size()) - 1;
+      current[l] = c;
+    }
+    auto& a = after[static_cast<size_t>(c)];
+    for (int pd : reads)
+      if (pd != c && std::find(a.begin(), a.end(), pd) == a.end()) a.push_back(pd);
+    for (int i : groups[k]) {
+      part_of[static_cast<size_t>(i)] = c;
+      parts[static_cast<size_t>(c)].push_back(i);
+    }
   }
-  for (const auto& [i, k] : lay.roots) req->roots.push_back(first[i] + k);
+  for (auto& p : parts) std::sort(p.begin(), p.end());
+  lane = std::move(part_lane);
+  return parts;
+}
+
+// The parts of `g` worth compiling apart and running side by side on the
+// lanes: torch.compile's groups (engine.h's schedule_groups, the ops priced
+// by the plan's model), each on the lane the list schedule gives it, a
+// lane's groups joined into parts (join_along_lanes). Empty where the parts
+// are not predicted to beat one piece (each paying a call), or there are
+// more than kMaxParts.
+std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l, std::vector<int>& part_lane) {
+  part_lane.clear();
+  const int lanes = static_cast<int>(l.topo.lanes.size());
+  if (lanes < 2 || g.size() < 2 || g.deps.size() != g.size()) return {};
+  const plan::CostModel cm = cost_model();
+  const plan::Estimate est = plan::estimate(g, l.topo, cm);
+  std::vector<double> cost(g.size());
+  double total = 0;
+  const int threads = l.topo.threads_per_lane(lanes);
+  for (size_t i = 0; i < g.size(); ++i) total += cost[i] = plan::node_seconds(est.work.at(i), cm, threads);
+  double makespan = 0;
+  const auto groups = schedule_groups(cost, g.deps, lanes, part_lane, makespan);
+  if (groups.size() < 2) return {};
+  auto parts = join_along_lanes(g, groups, part_lane);
+  if (parts.size() < 2 || parts.size() > kMaxParts) return {};
+  // The parts' own schedule: each pays one call, and waits for the parts
+  // it reads and its lane's previous part.
+  std::vector<int> part_of(g.size(), -1);
+  for (size_t c = 0; c < parts.size(); ++c)
+    for (int i : parts[c]) part_of[static_cast<size_t>(i)] = static_cast<int>(c);
+  std::vector<double> seconds(parts.size(), 0.0);
+  std::vector<std::vector<int>> preds(parts.size());
+  for (size_t c = 0; c < parts.size(); ++c) {
+    for (size_t d = c; d-- > 0;)
+      if (part_lane[d] == part_lane[c]) {
+        preds[c].push_back(static_cast<int>(d));
+        break;
+      }
+    for (int i : parts[c]) {
+      seconds[c] += cost[static_cast<size_t>(i)];
+      for (int d : g.deps[static_cast<size_t>(i)]) {
+        const int pd = part_of[static_cast<size_t>(d)];
+        if (pd != static_cast<int>(c) && std::find(preds[c].begin(), preds[c].end(), pd) == preds[c].end())
+          preds[c].push_back(pd);
+      }
+    }
+  }
+  if (!worth_splitting(partition_makespan(seconds, preds, lanes), total)) {
+    part_lane.clear();
+    return {};
+  }
+  return parts;
+}
+
+// The request for the nodes `nodes` of `g` (ascending): its leaves are the
+// values they read that none of them makes, its roots the values they make
+// that the sync needs or `needed` marks (read by another part).
+CompileRequest request_of(const ir::Graph& g, const Numbering& nb, const std::vector<int>& nodes,
+                          const std::vector<char>& needed) {
+  CompileRequest req;
+  std::unordered_map<int, int> local;  // whole graph's value number -> the request's
+  std::unordered_set<int> inside(nodes.begin(), nodes.end());
+  for (int i : nodes)
+    for (const auto& v : g.nodes[static_cast<size_t>(i)]->operands) {
+      const int j = g.find(v.node.get());
+      if (j >= 0 && inside.count(j)) continue;
+      const int w = nb.of(v, j);
+      if (local.emplace(w, static_cast<int>(req.whole_leaves.size())).second) {
+        req.whole_leaves.push_back(w);
+        req.leaves.push_back(CompileRequest::Leaf{stored_bytes(v)});
+      }
+    }
+  int next = static_cast<int>(req.leaves.size());
+  for (int i : nodes) {
+    const auto& n = *g.nodes[static_cast<size_t>(i)];
+    CompileRequest::Node rn{*n.op, {n.args.begin(), n.args.end()}, {}, {n.outputs.begin(), n.outputs.end()}, {}, n.written};
+    for (const auto& v : n.operands) rn.operands.push_back(local.at(nb.of(v, g.find(v.node.get()))));
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const int w = nb.first[static_cast<size_t>(i)] + static_cast<int>(k);
+      local.emplace(w, next);
+      rn.output_values.push_back(next++);
+      if (needed[static_cast<size_t>(w)]) req.whole_roots.push_back(w);
+    }
+    req.nodes.push_back(std::move(rn));
+    req.whole_nodes.push_back(i);
+  }
+  for (int w : req.whole_roots) req.roots.push_back(local.at(w));
+  return req;
+}
+
+// The request for hot graph `g` (`varying`: its constants whose values
+// changed between its tier-0 runs), with its parts where it splits over the
+// lanes `l` (split_for_lanes).
+std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, const Lanes& l,
+                                            std::vector<std::pair<int, int>> varying) {
+  const Numbering nb = number(g);
+  std::vector<char> needed(static_cast<size_t>(nb.count()), 0);
+  for (int v : nb.roots) needed[static_cast<size_t>(v)] = 1;
+  std::vector<int> all(g.size());
+  for (size_t i = 0; i < g.size(); ++i) all[i] = static_cast<int>(i);
+  auto req = std::make_shared<CompileRequest>(request_of(g, nb, all, needed));
+  // The whole graph's roots in the sync's order (request_of takes them in
+  // node order).
+  req->whole_roots = nb.roots;
+  req->roots = nb.roots;  // the whole graph numbers its values as nb does
+  req->key = key;
+  req->varying = std::move(varying);
+  std::vector<int> lanes;
+  const auto parts = split_for_lanes(g, l, lanes);
+  if (!parts.empty()) {
+    std::vector<int> part_of(g.size(), -1);
+    for (size_t c = 0; c < parts.size(); ++c)
+      for (int i : parts[c]) part_of[static_cast<size_t>(i)] = static_cast<int>(c);
+    for (size_t i = 0; i < g.size(); ++i)
+      for (const auto& v : g.nodes[i]->operands) {
+        const int j = g.find(v.node.get());
+        if (j >= 0 && part_of[static_cast<size_t>(j)] != part_of[i]) needed[static_cast<size_t>(nb.of(v, j))] = 1;
+      }
+    for (size_t c = 0; c < parts.size(); ++c) {
+      req->parts.push_back(request_of(g, nb, parts[c], needed));
+      auto& part = req->parts.back();
+      part.lane = lanes[c];
+      part.key = key;
+      // The varying constants of its nodes, as it numbers them.
+      for (const auto& [i, k] : req->varying) {
+        const auto at = std::find(part.whole_nodes.begin(), part.whole_nodes.end(), i);
+        if (at != part.whole_nodes.end()) part.varying.emplace_back(static_cast<int>(at - part.whole_nodes.begin()), k);
+      }
+    }
+    std::vector<int> distinct = lanes;
+    std::sort(distinct.begin(), distinct.end());
+    req->lanes = static_cast<int>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
+  }
   return req;
 }
 
@@ -335,61 +531,160 @@ c10::Storage leaf_bytes(const ir::Value& v) {
   });
 }
 
-// Runs `c` on `g`'s leaves; the roots' bytes in an ExecResult as tier 0
-// would leave them. Throws when the compiled code does (nothing written).
-runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c) {
-  const Layout lay = layout_of(g);
-  TORCH_CHECK(lay.leaves.size() == c.input_dtypes.size(), "mgpu: a compiled graph takes ", c.input_dtypes.size(),
-              " inputs, the graph has ", lay.leaves.size());
-  std::vector<at::Tensor> inputs;
-  std::unordered_set<const void*> input_bytes;
-  for (size_t k = 0; k < lay.leaves.size(); ++k) {
-    c10::Storage s = leaf_bytes(lay.leaves[k]);
-    const auto dtype = c.input_dtypes[k];
-    const int64_t numel = static_cast<int64_t>(s.nbytes() / c10::elementSize(dtype));
-    inputs.push_back(at::empty({0}, at::TensorOptions().dtype(dtype)).set_(s, 0, {numel}, {1}));
-    input_bytes.insert(s.data());
+// One run of a compiled graph: every value's bytes by number, as the parts
+// make them.
+struct Values {
+  const ir::Graph& g;
+  const Numbering& nb;
+  std::vector<c10::Storage> bytes;
+  std::mutex m;
+  std::unordered_set<const void*> taken;  // storages some value owns
+
+  // Runs part `p` of `c`: reads its leaves' bytes, stores its roots'.
+  void run(const CompiledGraph& c, size_t p) {
+    const CompiledPart& part = c.parts[p];
+    const CompiledGraph::Layout& lay = c.layout[p];
+    std::vector<at::Tensor> inputs;
+    std::unordered_set<const void*> input_bytes;
+    for (size_t k = 0; k < lay.leaves.size(); ++k) {
+      const int w = lay.leaves[k];
+      const c10::Storage& s = bytes.at(static_cast<size_t>(w));
+      TORCH_CHECK(static_cast<bool>(s), "mgpu: a compiled part ran before the value it reads");
+      // A value made here is read at its own size (its storage may be larger).
+      size_t nbytes = s.nbytes();
+      if (w >= static_cast<int>(nb.leaves.size())) {
+        const auto [i, o] = nb.outputs[static_cast<size_t>(w) - nb.leaves.size()];
+        nbytes = g.nodes[static_cast<size_t>(i)]->outputs.at(static_cast<size_t>(o)).nbytes;
+      }
+      const auto dtype = part.input_dtypes[k];
+      const int64_t numel = static_cast<int64_t>(nbytes / c10::elementSize(dtype));
+      inputs.push_back(at::empty({0}, at::TensorOptions().dtype(dtype)).set_(s, 0, {numel}, {1}));
+      input_bytes.insert(s.data());
+    }
+    for (const auto& [i, k] : lay.lifted) inputs.push_back(lifted_input(g.nodes.at(i)->args.at(k).constant));
+    std::vector<at::Tensor> outs = part.run(inputs);
+    TORCH_CHECK(outs.size() == lay.roots.size(), "mgpu: a compiled graph returned ", outs.size(),
+                " tensors, expected ", lay.roots.size());
+    for (size_t j = 0; j < outs.size(); ++j) {
+      const int w = lay.roots[j];
+      const auto [i, k] = nb.outputs.at(static_cast<size_t>(w) - nb.leaves.size());
+      const ir::Output& o = g.nodes[static_cast<size_t>(i)]->outputs.at(static_cast<size_t>(k));
+      const at::Tensor& t = outs[j];
+      ir::TensorGeometry geom = o.geom;
+      if (o.mutated_operand >= 0) {  // the storage's bytes, flat
+        geom = ir::TensorGeometry();
+        geom.dtype = t.scalar_type();
+        geom.sizes = {static_cast<int64_t>(o.nbytes / t.element_size())};
+        geom.strides = {1};
+      }
+      c10::Storage s;
+      bool own = t.defined() && t.layout() == at::kStrided && t.device().is_cpu() &&
+          capture::geometry_of(t) == geom && t.storage().nbytes() >= o.nbytes && !input_bytes.count(t.storage().data());
+      if (own) {
+        std::lock_guard<std::mutex> lock(m);
+        own = taken.insert(t.storage().data()).second;
+      }
+      if (own) {
+        s = t.storage();
+      } else {
+        TORCH_CHECK(t.defined() && t.numel() * t.element_size() <= static_cast<int64_t>(o.nbytes),
+                    "mgpu: a compiled graph returned a tensor that does not fit its value");
+        s = runtime::allocate(o.nbytes);
+        runtime::view(s, geom).copy_(t);
+      }
+      bytes[static_cast<size_t>(w)] = std::move(s);
+    }
   }
-  for (const auto& [i, k] : c.lifted) inputs.push_back(lifted_input(g.nodes.at(i)->args.at(k).constant));
+};
+
+// Runs `c` on `g`'s leaves; the roots' bytes in an ExecResult as tier 0
+// would leave them. Throws when the compiled code does (nothing written:
+// compiled code writes no input). A split graph runs its parts on the
+// lanes, each lane its parts in order, each part once the parts it reads
+// from are done; `threads`: the intra-op threads of each lane.
+runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, int threads) {
+  const Numbering nb = number(g);
+  TORCH_CHECK(c.layout.size() == c.parts.size() && !c.parts.empty(), "mgpu: a compiled graph without its layout");
+  Values vals{g, nb, std::vector<c10::Storage>(static_cast<size_t>(nb.count())), {}, {}};
+  for (size_t k = 0; k < nb.leaves.size(); ++k) vals.bytes[k] = leaf_bytes(nb.leaves[k]);
+  for (const auto& lay : c.layout)
+    for (int w : lay.leaves)
+      TORCH_CHECK(w >= 0 && w < nb.count(), "mgpu: a compiled graph reads a value the graph does not have");
   runtime::ExecResult r;
   const size_t n = g.size();
   r.values.resize(n);
   r.status.assign(n, runtime::Status::Ok);
+  r.timing.assign(n, runtime::NodeTiming{0, 0.0, 0.0, 1});
   r.started = std::chrono::steady_clock::now();
-  std::vector<at::Tensor> outs = c.run(inputs);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.started).count();
-  runtime::counters().tier1_call_us += static_cast<int64_t>(seconds * 1e6);
-  TORCH_CHECK(outs.size() == lay.roots.size(), "mgpu: a compiled graph returned ", outs.size(), " tensors, expected ",
-              lay.roots.size());
-  std::unordered_set<const void*> output_bytes;
-  for (size_t j = 0; j < outs.size(); ++j) {
-    const auto [i, k] = lay.roots[j];
-    const ir::Output& o = g.nodes[i]->outputs.at(k);
-    const at::Tensor& t = outs[j];
-    ir::TensorGeometry geom = o.geom;
-    if (o.mutated_operand >= 0) {  // the storage's bytes, flat
-      geom = ir::TensorGeometry();
-      geom.dtype = t.scalar_type();
-      geom.sizes = {static_cast<int64_t>(o.nbytes / t.element_size())};
-      geom.strides = {1};
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r.started).count(); };
+  std::vector<std::pair<double, double>> spans(c.parts.size());
+  if (c.parts.size() == 1) {
+    vals.run(c, 0);
+    spans[0] = {0.0, since()};
+  } else {
+    // Each lane's parts, in order; done[p]: 1 once part p's roots are stored.
+    std::vector<int> slots;
+    for (const auto& lay : c.layout)
+      if (std::find(slots.begin(), slots.end(), lay.lane) == slots.end()) slots.push_back(lay.lane);
+    std::vector<char> done(c.parts.size(), 0);
+    bool failed = false;
+    std::exception_ptr error;
+    std::mutex m;
+    std::condition_variable cv;
+    at::ThreadLocalState tls;
+    std::vector<std::function<void()>> jobs;
+    for (int lane : slots)
+      jobs.emplace_back([&, lane] {
+        at::ThreadLocalStateGuard guard(tls);
+        for (size_t p = 0; p < c.parts.size(); ++p) {
+          if (c.layout[p].lane != lane) continue;
+          {
+            std::unique_lock<std::mutex> lock(m);
+            cv.wait(lock, [&] {
+              if (failed) return true;
+              for (int d : c.layout[p].after)
+                if (!done[static_cast<size_t>(d)]) return false;
+              return true;
+            });
+            if (failed) return;
+          }
+          const double start = since();
+          try {
+            vals.run(c, p);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(m);
+            if (!error) error = std::current_exception();
+            failed = true;
+            cv.notify_all();
+            return;
+          }
+          std::lock_guard<std::mutex> lock(m);
+          spans[p] = {start, since()};
+          done[p] = 1;
+          cv.notify_all();
+        }
+      });
+    {
+      // The parts take the interpreter lock to be called: the lanes must
+      // not wait for it while this thread holds it.
+      capture::InterpreterRelease unlocked;
+      runtime::LanePool::instance().run(jobs, threads);
     }
-    c10::Storage s;
-    const bool own = t.defined() && t.layout() == at::kStrided && t.device().is_cpu() && capture::geometry_of(t) == geom &&
-        t.storage().nbytes() >= o.nbytes && !input_bytes.count(t.storage().data()) &&
-        output_bytes.insert(t.storage().data()).second;
-    if (own) {
-      s = t.storage();
-    } else {
-      TORCH_CHECK(t.defined() && t.numel() * t.element_size() <= static_cast<int64_t>(o.nbytes),
-                  "mgpu: a compiled graph returned a tensor that does not fit its value");
-      s = runtime::allocate(o.nbytes);
-      runtime::view(s, geom).copy_(t);
-    }
-    ir::hold(s);
-    r.values[i].resize(g.nodes[i]->outputs.size());
-    r.values[i][k] = std::move(s);
+    if (error) std::rethrow_exception(error);
   }
-  r.timing.assign(n, runtime::NodeTiming{0, 0.0, seconds, 1});
+  const double seconds = since();
+  runtime::counters().tier1_call_us += static_cast<int64_t>(seconds * 1e6);
+  for (size_t j = 0; j < nb.roots.size(); ++j) {
+    const auto [i, k] = nb.root_outputs[j];
+    c10::Storage s = vals.bytes.at(static_cast<size_t>(nb.roots[j]));
+    TORCH_CHECK(static_cast<bool>(s), "mgpu: a compiled graph did not return a result the sync needs");
+    ir::hold(s);
+    r.values[static_cast<size_t>(i)].resize(g.nodes[static_cast<size_t>(i)]->outputs.size());
+    r.values[static_cast<size_t>(i)][static_cast<size_t>(k)] = std::move(s);
+  }
+  for (size_t p = 0; p < c.parts.size(); ++p)
+    for (int i : c.layout[p].nodes)
+      r.timing[static_cast<size_t>(i)] = runtime::NodeTiming{c.layout[p].lane, spans[p].first, spans[p].second, threads};
   r.makespan = seconds;
   return r;
 }
@@ -408,6 +703,7 @@ Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const Compi
           oldest = e;
       if (oldest != t.entries.end()) {
         if (oldest->second.compiled) dropped.push_back(std::move(oldest->second.compiled));
+        for (auto& c : oldest->second.trial) dropped.push_back(std::move(c));
         t.entries.erase(oldest);
       }
     }
@@ -437,19 +733,78 @@ std::shared_ptr<const CompileRequest> next_compile_request() {
   return req;
 }
 
-void install_compiled(uint64_t key, std::shared_ptr<CompiledGraph> compiled) {
+namespace {
+// Where each compiled part of `req` runs and what it reads and returns, as
+// the whole graph numbers them; false when the compiler returned another
+// number of parts than the request has.
+bool lay_out(const CompileRequest& req, CompiledGraph& c) {
+  // The whole graph (one part) or the request's parts.
+  const bool whole = c.parts.size() == 1;
+  const size_t want = whole ? 1 : req.parts.size();
+  if (c.parts.size() != want) return false;
+  c.layout.assign(want, {});
+  c.lifted.clear();
+  std::unordered_map<int, int> made_by;  // value number -> the part returning it
+  for (size_t p = 0; p < want; ++p) {
+    const CompileRequest& part = whole ? req : req.parts[p];
+    auto& lay = c.layout[p];
+    lay.lane = part.lane;
+    lay.nodes = part.whole_nodes;
+    lay.leaves = part.whole_leaves;
+    lay.roots = part.whole_roots;
+    for (int w : lay.roots) made_by[w] = static_cast<int>(p);
+    for (const auto& [i, k] : c.parts[p].lifted) {
+      if (i < 0 || static_cast<size_t>(i) >= part.whole_nodes.size()) return false;
+      lay.lifted.emplace_back(part.whole_nodes[static_cast<size_t>(i)], k);
+      c.lifted.push_back(lay.lifted.back());
+    }
+    if (c.parts[p].input_dtypes.size() != lay.leaves.size()) return false;
+  }
+  // A part may read from a part made after it, on another lane.
+  for (auto& lay : c.layout)
+    for (int w : lay.leaves) {
+      auto it = made_by.find(w);
+      if (it != made_by.end() && std::find(lay.after.begin(), lay.after.end(), it->second) == lay.after.end())
+        lay.after.push_back(it->second);
+    }
+  c.lanes = std::max(1, req.lanes);
+  return true;
+}
+} // namespace
+
+void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> ways) {
   auto& t = tiers();
   std::lock_guard<std::mutex> lock(t.m);
   t.compiling = std::max(0, t.compiling - 1);
   auto& c = runtime::counters();
   c.tier1_compiled++;
-  c.tier1_compile_us += static_cast<int64_t>(compiled->compile_s * 1e6);
+  for (const auto& w : ways) c.tier1_compile_us += static_cast<int64_t>(w->compile_s * 1e6);
   auto it = t.entries.find(key);
   if (it != t.entries.end() && it->second.state == State::Queued && it->second.request) {
-    compiled->fixed = fixed_hash(*it->second.request, compiled->lifted);
-    it->second.state = trial_slot() ? State::Trial : State::Kept;
-    it->second.compiled = std::move(compiled);
-    it->second.request.reset();
+    Entry& e = it->second;
+    bool fit = !ways.empty();
+    for (auto& w : ways) {
+      fit = fit && lay_out(*e.request, *w);
+      if (fit) w->fixed = fixed_hash(*e.request, w->lifted);
+    }
+    if (!fit) {
+      e.state = State::Rejected;
+      e.request.reset();
+      t.last_error = "not compiled: the compiler returned parts that do not match the graph's";
+      c.tier1_rejected++;
+      t.cv.notify_all();
+      return;
+    }
+    e.request.reset();
+    if (trial_slot()) {
+      e.state = State::Trial;
+      e.trial.assign(ways.begin(), ways.end());
+      e.trial_calls.assign(ways.size(), 0);
+      e.trial_seconds.assign(ways.size(), {});
+    } else {  // kept as compiled: the last way (the parts, where split)
+      e.state = State::Kept;
+      e.compiled = ways.back();
+    }
   }
   t.cv.notify_all();
 }
@@ -506,24 +861,43 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     std::lock_guard<std::mutex> lock(t.m);
     auto it = t.entries.find(run.key);
     if (it == t.entries.end() || !(it->second.state == State::Trial || it->second.state == State::Kept)) return std::nullopt;
-    it->second.used = ++t.clock;
-    compiled = it->second.compiled;
+    Entry& e = it->second;
+    e.used = ++t.clock;
+    if (e.state == State::Kept) {
+      compiled = e.compiled;
+      run.choice = e.choice;
+    } else {  // on trial: the way called least so far
+      if (e.trial.empty()) return std::nullopt;
+      size_t k = 0;
+      for (size_t j = 1; j < e.trial.size(); ++j)
+        if (e.trial_calls[j] < e.trial_calls[k]) k = j;
+      compiled = e.trial[k];
+    }
   }
   // The same structure on other lanes, or with other values of the
   // constants compiled in: tier 0.
   if (!eligible(g, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
     // The compiled loops have their threads; the kernels they call (a
-    // product) take this thread's, as they would on the syncing thread.
-    const int threads = std::clamp(caller_threads, 1, l.topo.cores);
-    std::optional<runtime::ScopedParallelism> same;
-    if (threads != runtime::thread_parallelism()) same.emplace(threads);
-    runtime::ExecResult r = call(g, *compiled);
+    // product) take this thread's, as they would on the syncing thread. A
+    // split graph's lanes share the cores as tier 0's lanes do.
+    runtime::ExecResult r;
+    if (compiled->parts.size() == 1) {
+      const int threads = std::clamp(caller_threads, 1, l.topo.cores);
+      std::optional<runtime::ScopedParallelism> same;
+      if (threads != runtime::thread_parallelism()) same.emplace(threads);
+      r = call(g, *compiled, threads);
+    } else {
+      r = call(g, *compiled, l.topo.threads_per_lane(compiled->lanes));
+    }
     run.compiled = std::move(compiled);
     runtime::counters().tier1_runs++;
     return r;
   } catch (const std::exception& e) {
     // Nothing was written: tier 0 runs the graph and raises what it raises.
+    // The compiled code is let go of after the lock (its deleter takes the
+    // GIL, and a fork holds the GIL while it takes t.m).
+    std::vector<std::shared_ptr<const CompiledGraph>> dropped{std::move(compiled)};
     auto& t = tiers();
     std::lock_guard<std::mutex> lock(t.m);
     t.last_error = std::string("a compiled run failed: ") + e.what();
@@ -531,7 +905,9 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     auto it = t.entries.find(run.key);
     if (it != t.entries.end()) {
       it->second.state = State::Rejected;
-      it->second.compiled.reset();
+      dropped.push_back(std::move(it->second.compiled));
+      for (auto& c : it->second.trial) dropped.push_back(std::move(c));
+      it->second.trial.clear();
     }
     return std::nullopt;
   }
@@ -566,18 +942,37 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   }
   if (run.compiled) {
     if (e.state != State::Trial) return;
-    if (e.tier1_runs++ == 0) return;  // the first call is cold
-    e.tier1.push_back(seconds);
-    if (static_cast<int>(e.tier1.size()) < kTrialRuns) return;
-    const bool faster = !e.tier0.empty() && median(e.tier1) * kMargin < median(e.tier0);
+    const size_t k = static_cast<size_t>(std::find(e.trial.begin(), e.trial.end(), run.compiled) - e.trial.begin());
+    if (k == e.trial.size()) return;
+    if (e.trial_calls[k]++ == 0) return;  // the first call is cold
+    e.trial_seconds[k].push_back(seconds);
+    for (const auto& times : e.trial_seconds)
+      if (static_cast<int>(times.size()) < kTrialRuns) return;
+    // Every way timed: the fastest against tier 0.
+    size_t best = 0;
+    for (size_t j = 1; j < e.trial.size(); ++j)
+      if (median(e.trial_seconds[j]) < median(e.trial_seconds[best])) best = j;
+    const double best_s = median(e.trial_seconds[best]);
+    const bool faster = !e.tier0.empty() && best_s * kMargin < median(e.tier0);
     e.state = faster ? State::Kept : State::Rejected;
-    e.kept_median = median(e.tier1);
-    if (!faster) {
-      t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(median(e.tier1) * 1e6) + " us, tier 0 " +
+    e.kept_median = best_s;
+    if (faster) {
+      e.compiled = e.trial[best];
+    } else {
+      if (e.compiled) dropped.push_back(std::move(e.compiled));
+      t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(best_s * 1e6) + " us, tier 0 " +
           (e.tier0.empty() ? std::string("unmeasured") : std::to_string(median(e.tier0) * 1e6) + " us") + ")";
-      e.compiled.reset();
       runtime::counters().tier1_rejected++;
     }
+    if (e.trial.size() > 1) {
+      std::string times;
+      for (size_t j = 0; j < e.trial.size(); ++j)
+        times += (j ? ", " : "") + std::string(e.trial[j]->parts.size() == 1 ? "whole " : "parts ") +
+            std::to_string(median(e.trial_seconds[j]) * 1e6) + " us";
+      e.choice = "measured " + times;
+    }
+    for (auto& c : e.trial) dropped.push_back(std::move(c));
+    e.trial.clear();
     return;
   }
   if (failed) return;  // an error is no measure of the graph
@@ -587,8 +982,9 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.state == State::Remeasure) {
     if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
       e.state = State::Trial;
-      e.tier1.clear();
-      e.tier1_runs = 1;  // warm: no untimed run
+      e.trial = {e.compiled};
+      e.trial_calls = {1};  // warm: no untimed run
+      e.trial_seconds = {{}};
     }
     return;
   }
@@ -604,8 +1000,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   std::vector<uint64_t> first = e.first_values;
   lock.unlock();
   const std::string why = ineligible(g, l);
-  std::shared_ptr<CompileRequest> req = why.empty() ? request_for(g, key) : nullptr;
-  if (req) req->varying = varying_constants(g, first);
+  std::shared_ptr<CompileRequest> req = why.empty() ? request_for(g, key, l, varying_constants(g, first)) : nullptr;
   lock.lock();
   Entry& again = entry_for(t, key, dropped);
   if (again.state != State::Cold) return;

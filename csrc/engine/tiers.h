@@ -3,11 +3,17 @@
 // that syncs again and again, the same structure with the same constants, is
 // "hot": after `compile_hits()` tier-0 runs it is handed to a compiler that
 // works in the background (inductor, from Python: torch_mgpu/_tiers.py),
-// which returns one function for the whole graph. Later syncs of that graph
-// run the compiled function (tier 1), first as a trial: it is kept only if
-// it measures faster than tier 0 did, else the graph stays in tier 0. A
+// which returns one function for the whole graph (and, for a graph with
+// independent branches, one per part: see below). Later syncs of that graph
+// run the compiled code (tier 1), first as a trial: the fastest way is kept
+// only if it measures faster than tier 0 did, else the graph stays in tier 0. A
 // compiled function is pure (it writes no input), so a run that fails is
 // run again in tier 0, which raises what it would have raised.
+//
+// A graph with independent branches compiles as parts (torch.compile's
+// split: engine.h's split_groups), run on the lanes side by side, each after
+// the parts it reads: tier 1 keeps tier 0's parallelism and fuses within
+// each part.
 //
 // Only graphs whose every node is a plain ATen op on CPU lanes are compiled:
 // no random draws, no partitions of torch.compile graphs, no out= resizes,
@@ -25,6 +31,11 @@ namespace torch_mgpu::engine {
 // The graph as the compiler gets it: plain data, no storage held. Values are
 // numbered: the leaves (storages the graph reads but does not compute) 0 ..
 // leaves.size() - 1, then every node output in order.
+//
+// A graph with independent branches is split (see above): `parts` are then
+// the requests the compiler compiles (each a graph of its own, numbered as
+// above), one inductor function each, run on their lanes side by side; the
+// request's own nodes are the whole graph.
 struct CompileRequest {
   uint64_t key = 0;
   struct Leaf {
@@ -45,22 +56,48 @@ struct CompileRequest {
   // made the graph hot: the ones worth making inputs of the compiled code
   // (the others are compiled in, where inductor folds them).
   std::vector<std::pair<int, int>> varying;
+
+  // A part of a split graph: its lane, and its nodes, leaves and roots as
+  // the whole graph numbers them (node indices; value numbers).
+  int lane = 0;
+  std::vector<int> whole_nodes, whole_leaves, whole_roots;
+  std::vector<CompileRequest> parts;  // empty: the graph compiles whole
+  int lanes = 1;                      // lanes the parts run on (their loops share the cores)
 };
 
-// What the compiler returns: inputs are the leaves' bytes as flat tensors of
-// `input_dtypes`; outputs one tensor per root, a fresh output in its
-// geometry (or any layout: it is then copied into it), a storage written in
-// place as a flat tensor of its bytes.
-struct CompiledGraph {
+// What the compiler returns, per part (the whole graph is one part): inputs
+// are its leaves' bytes as flat tensors of `input_dtypes`; outputs one
+// tensor per root, a fresh output in its geometry (or any layout: it is then
+// copied into it), a storage written in place as a flat tensor of its bytes.
+struct CompiledPart {
   std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> run;
   std::vector<c10::ScalarType> input_dtypes;
-  // Floating constants (node, argument) that are inputs of the compiled code
-  // (0-dim float64 tensors after the leaves): a learning rate that changes
-  // every step does not make another graph. The other constants are baked
-  // in: `fixed` hashes their values, and a graph whose values differ runs
-  // in tier 0.
+  // Floating constants (node, argument of the part's own nodes) that are
+  // inputs of the compiled code (0-dim float64 tensors after the leaves).
+  std::vector<std::pair<int, int>> lifted;
+  std::string description;
+};
+
+struct CompiledGraph {
+  // One part (the whole graph, run on the syncing thread), or the parts of
+  // a split graph (each on its lane, after the parts it reads).
+  std::vector<CompiledPart> parts;
+  // Set by install_compiled(): each part's lane, leaves, roots and the
+  // parts it waits for; the lifted constants as the whole graph numbers
+  // them. A learning rate that changes every step does not make another
+  // graph; the other constants are baked in: `fixed` hashes their values,
+  // and a graph whose values differ runs in tier 0.
+  struct Layout {
+    int lane = 0;
+    std::vector<int> nodes;          // its nodes in the whole graph
+    std::vector<int> leaves, roots;  // value numbers of the whole graph
+    std::vector<int> after;          // parts it reads from
+    std::vector<std::pair<int, int>> lifted;
+  };
+  std::vector<Layout> layout;
   std::vector<std::pair<int, int>> lifted;
   uint64_t fixed = 0;
+  int lanes = 1;
   double compile_s = 0;
   std::string description;  // for last_plan()
 };
@@ -78,7 +115,9 @@ void set_compile_trial(bool on);
 // once stop_compiles() was called); installs or rejects what it compiled.
 std::shared_ptr<const CompileRequest> next_compile_request();
 // `compiled->fixed` is set here, from the graph the request was made of.
-void install_compiled(uint64_t key, std::shared_ptr<CompiledGraph> compiled);
+// `ways`: the whole graph compiled as one part and, for a split request, its
+// parts; on trial, each way is timed and the fastest kept if it beats tier 0.
+void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> ways);
 void reject_compiled(uint64_t key, const std::string& why);
 void stop_compiles();
 // Waits until no hot graph is queued or being compiled (up to `seconds`);
@@ -95,6 +134,7 @@ void set_compiler_present(bool present);
 struct TierRun {
   uint64_t key = 0;
   std::shared_ptr<const CompiledGraph> compiled;  // tier 1 ran with it
+  std::string choice;  // kept code: how the ways compiled measured, where there were two
 };
 // `caller_threads`: the intra-op threads of the thread that synced (a
 // flight runs the compiled code with as many, as it runs a one-lane plan).

@@ -316,6 +316,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_work_seconds", [](std::map<std::string, double> work, int lanes) {
     return torch_mgpu::engine::work_seconds(work_of(std::move(work)), lanes);
   }, nogil());
+  m.def("_split_groups", [](const std::vector<double>& cost, const std::vector<std::vector<int>>& preds, int lanes) {
+    return torch_mgpu::engine::split_groups(cost, preds, lanes);
+  }, py::arg("cost"), py::arg("preds"), py::arg("lanes"), nogil());
   m.def("_partition_makespan", &torch_mgpu::engine::partition_makespan, py::arg("seconds"), py::arg("preds"),
         py::arg("lanes"), nogil());
   // Tests only: make the n-th node / transfer / event wait / stream

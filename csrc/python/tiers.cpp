@@ -52,6 +52,11 @@ py::object ref(const std::optional<ir::TensorRef>& r) {
 py::dict request_dict(const engine::CompileRequest& req) {
   py::dict d;
   d["key"] = req.key;
+  d["lanes"] = req.lanes;
+  d["lane"] = req.lane;
+  py::list parts;
+  for (const auto& p : req.parts) parts.append(request_dict(p));
+  d["parts"] = parts;
   py::list leaves;
   for (const auto& l : req.leaves) leaves.append(l.nbytes);
   d["leaves"] = leaves;
@@ -122,19 +127,32 @@ void bind_tiers(py::module& m) {
     if (!req) return py::object(py::none());
     return py::object(request_dict(*req));
   });
-  m.def("_tier_install", [](uint64_t key, py::function fn, std::vector<py::object> dtypes,
-                            std::vector<std::pair<int, int>> lifted, double compile_s, std::string description) {
-    auto c = std::make_shared<engine::CompiledGraph>();
-    c->run = tensors_fn(std::move(fn));
-    for (const auto& d : dtypes) {
-      TORCH_CHECK(THPDtype_Check(d.ptr()), "_tier_install: input dtypes must be torch.dtype");
-      c->input_dtypes.push_back(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+  // ways: the ways compiled (the whole graph; its parts, for a split
+  // request), each (parts, compile seconds, description), a part (fn, input
+  // dtypes, lifted (node, argument), description).
+  m.def("_tier_install", [](uint64_t key, std::vector<py::tuple> ways) {
+    std::vector<std::shared_ptr<engine::CompiledGraph>> compiled;
+    for (const auto& way : ways) {
+      TORCH_CHECK(way.size() == 3, "_tier_install: a way is (parts, compile seconds, description)");
+      auto c = std::make_shared<engine::CompiledGraph>();
+      for (const auto& p : way[0].cast<std::vector<py::tuple>>()) {
+        TORCH_CHECK(p.size() == 4, "_tier_install: a part is (fn, dtypes, lifted, description)");
+        engine::CompiledPart part;
+        part.run = tensors_fn(p[0].cast<py::function>());
+        for (const auto& d : p[1].cast<std::vector<py::object>>()) {
+          TORCH_CHECK(THPDtype_Check(d.ptr()), "_tier_install: input dtypes must be torch.dtype");
+          part.input_dtypes.push_back(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+        }
+        part.lifted = p[2].cast<std::vector<std::pair<int, int>>>();
+        part.description = p[3].cast<std::string>();
+        c->parts.push_back(std::move(part));
+      }
+      c->compile_s = way[1].cast<double>();
+      c->description = way[2].cast<std::string>();
+      compiled.push_back(std::move(c));
     }
-    c->lifted = std::move(lifted);
-    c->compile_s = compile_s;
-    c->description = std::move(description);
     py::gil_scoped_release nogil;
-    engine::install_compiled(key, std::move(c));
+    engine::install_compiled(key, std::move(compiled));
   });
   m.def("_tier_reject", &engine::reject_compiled, nogil());
   m.def("_tier_last_error", &engine::last_tier_error, nogil());

@@ -3,6 +3,7 @@
 // op of an FX graph is) priced by the rules of recorded ops.
 #include "capture/lazy_tensor.h"
 #include "ir/graph.h"
+#include "plan/groups.h"
 #include "plan/plan.h"
 #include "plan/topology.h"
 
@@ -12,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -99,4 +101,40 @@ TEST(OpWork, DescribedOpsArePricedByTheRulesOfRecordedOps) {
   torch_mgpu::synchronize();
 }
 
+TEST(Groups, ChainsContractAndBranchesStayApart) {
+  // Two chains of three (0-1-2, 3-4-5) joined by 6: each chain is a group;
+  // the join, small as it is, has two predecessors and no successor: it
+  // stays a group of its own, after them.
+  const std::vector<double> cost{1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3};
+  const std::vector<std::vector<int>> preds{{}, {0}, {1}, {}, {3}, {4}, {2, 5}};
+  const auto groups = plan::group_nodes(cost, preds, 1e-6);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(groups[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(groups[1], (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(groups[2], (std::vector<int>{6}));
+}
+
+TEST(Groups, SmallSiblingsAreBundledBeforeTheyMoveIntoTheirJoin) {
+  // Eight small independent nodes read by one join: bundled in pairs (each
+  // pair reaches `small`), not all merged into the join.
+  std::vector<double> cost(8, 1e-4);
+  cost.push_back(1e-4);
+  std::vector<std::vector<int>> preds(8);
+  preds.push_back({0, 1, 2, 3, 4, 5, 6, 7});
+  const auto groups = plan::group_nodes(cost, preds, 2e-4);
+  ASSERT_EQ(groups.size(), 5u);
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(groups[k].size(), 2u);
+  EXPECT_EQ(groups[4], (std::vector<int>{8}));
+  // Every node in one group, each group after the groups it reads.
+  std::vector<int> seen;
+  for (const auto& g : groups) seen.insert(seen.end(), g.begin(), g.end());
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+}
+
+TEST(Groups, AReadOfALaterNodeIsRefused) {
+  EXPECT_THROW(plan::group_nodes({1e-3, 1e-3}, {{1}, {}}, 1e-6), c10::Error);
+}
+
 } // namespace
+
