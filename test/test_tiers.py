@@ -618,3 +618,28 @@ def test_a_split_graph_takes_a_changing_constant_as_an_input(tiered, no_trial, t
     plan = torch_mgpu.last_plan()
     assert "parts on 2 lanes" in plan.compiled and "constant(s) as inputs" in plan.compiled, plan.compiled
     assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] == 1
+
+
+def test_parts_that_wait_for_each_other_across_the_lanes(tiered, no_trial, two_lanes):
+    # Two stages of two towers each, the second stage reading both towers
+    # of the first: parts on each lane wait for the other lane's earlier
+    # part, in turn, and never for one that waits for them.
+    g = torch.Generator().manual_seed(4)
+    cpu = [torch.randn(352, 352, generator=g) for _ in range(4)]
+    mg = [t.to("mgpu") for t in cpu]
+
+    def f(a, b, c, d):
+        left, right = torch.tanh(a @ b), torch.relu(c @ d)
+        mixed = left * 0.5 + right
+        left2, right2 = torch.tanh(mixed @ a), torch.sigmoid(right @ mixed)
+        return left2 - right2, mixed.sum()
+
+    for k in range(4):
+        want = f(*cpu)
+        for w, t in zip(want, f(*mg)):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    plan = torch_mgpu.last_plan()
+    assert plan.tier == 1, torch_mgpu._C._tier_last_error()
+    assert " parts on 2 lanes" in plan.compiled and " then " in plan.compiled, plan.compiled

@@ -1512,6 +1512,7 @@ void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::
   const auto& schema = op.schema();
   bool quantized = info.makes_quantized;
   bool sparse = info.makes_sparse;
+  bool nested = info.makes_nested;
   for (size_t i = 0; i < args.size(); ++i) {
     const uint8_t kind = i < info.dtype_or_layout.size() ? info.dtype_or_layout[i] : 0;
     if (kind == 1 && args[i].isInt())
@@ -1521,14 +1522,13 @@ void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       quantized = quantized || t.is_quantized();
       sparse = sparse || t.layout() != c10::kStrided;
+      nested = nested || t.is_nested();
     });
   }
   TORCH_CHECK_NOT_IMPLEMENTED(!quantized, "mgpu: quantized tensors are not supported (", schema.name(),
                               "); quantize on the CPU: x.cpu()");
   TORCH_CHECK_NOT_IMPLEMENTED(!sparse, "mgpu: sparse tensors are not supported (", schema.name(),
                               "); use them on the CPU: x.cpu()");
-  bool nested = info.makes_nested;
-  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { nested = nested || t.is_nested(); });
   TORCH_CHECK_NOT_IMPLEMENTED(!nested, "mgpu: nested tensors are not supported (", schema.name(),
                               "); use them on the CPU: x.cpu(). nn.TransformerEncoder makes them in eval mode "
                               "when given a src_key_padding_mask: build it with enable_nested_tensor=False");
