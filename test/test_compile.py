@@ -149,19 +149,16 @@ def test_the_split_asks_the_engines_list_scheduler(monkeypatch):
     assert _C._split_groups([1e-7, 1e-7], [[], []], 2) == [[0, 1]]
 
 
-def test_many_small_branches_are_bundled_for_the_lanes():
-    # 64 branches, each too small for a call of its own (under a sixteenth
-    # of the work per lane), joined at the end: bundled (siblings, the same
-    # neighbours) into groups the lanes share, instead of all moving into
-    # their join.
+def test_many_small_branches_stay_with_their_join():
+    # 64 branches, each too small for a partition's call, joined at the end:
+    # each moves into the join, one partition (tier 1 of the lazy path,
+    # which compiles in the background, bundles them instead: test_plan's
+    # Groups tests, test_tiers).
     call = _C._cost_model()["partition_call_s"]
     n = 64
     cost = [call] * n + [call]
     preds = [[] for _ in range(n)] + [list(range(n))]
-    groups = _C._split_groups(cost, preds, 2)
-    assert 2 < len(groups) < n, groups
-    assert sorted(i for g in groups for i in g) == list(range(n + 1))
-    assert n in groups[-1]  # the join runs last
+    assert _C._split_groups(cost, preds, 2) == [list(range(n + 1))]
 
 
 # -- the partition op --------------------------------------------------------

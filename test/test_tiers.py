@@ -643,3 +643,54 @@ def test_parts_that_wait_for_each_other_across_the_lanes(tiered, no_trial, two_l
     plan = torch_mgpu.last_plan()
     assert plan.tier == 1, torch_mgpu._C._tier_last_error()
     assert " parts on 2 lanes" in plan.compiled and " then " in plan.compiled, plan.compiled
+
+
+def test_many_small_branches_are_bundled_into_parts_for_the_lanes(tiered, no_trial, two_lanes):
+    # 32 small feature transforms and their join: each too small for a call
+    # of its own, bundled (siblings) into pieces the lanes share, then a
+    # lane's pieces joined into one part; the join after both lanes.
+    g = torch.Generator().manual_seed(5)
+    cols = [torch.randn(4096, generator=g) * (1 + j % 3) + j for j in range(32)]
+    colsm = [c.to("mgpu") for c in cols]
+
+    def f(cs):
+        out = []
+        for c in cs:
+            z = ((c - c.mean()) / (c.std() + 1e-6)).clamp(-3.0, 3.0)
+            out.append(torch.tanh(z * 0.5) * torch.sigmoid(z) - z * z * 0.1)
+        return torch.stack(out, 1)
+
+    for k in range(4):
+        torch.testing.assert_close(f(colsm).cpu(), f(cols), rtol=1e-4, atol=1e-4)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    plan = torch_mgpu.last_plan()
+    assert plan.tier == 1, torch_mgpu._C._tier_last_error()
+    assert " parts on 2 lanes" in plan.compiled, plan.compiled
+
+
+def test_a_trunk_read_by_heads_on_both_lanes_is_a_part_of_its_own(tiered, no_trial, two_lanes):
+    # A product written in place (a fresh value's new version) and read by
+    # two heads: the trunk ends its part, so the head on the other lane
+    # waits for the trunk only; the written value crosses as its storage's
+    # bytes.
+    g = torch.Generator().manual_seed(6)
+    cpu = [torch.randn(360, 360, generator=g) for _ in range(4)]
+    mg = [t.to("mgpu") for t in cpu]
+
+    def f(a, b, c, d):
+        h = a @ b
+        h.relu_()
+        return torch.tanh(h @ c) + torch.sigmoid(h @ d), h
+
+    before = tier1_stats()
+    for k in range(4):
+        want = f(*cpu)
+        for w, t in zip(want, f(*mg)):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    plan = torch_mgpu.last_plan()
+    assert plan.tier == 1, torch_mgpu._C._tier_last_error()
+    assert " parts on 2 lanes" in plan.compiled, plan.compiled
+    assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]

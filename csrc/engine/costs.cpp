@@ -33,7 +33,7 @@ double partition_makespan(std::vector<double> seconds, const std::vector<std::ve
 
 std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
                                               const std::vector<std::vector<int>>& preds, int lanes,
-                                              std::vector<int>& lane_of, double& makespan) {
+                                              std::vector<int>& lane_of, double& makespan, bool siblings) {
   const size_t n = cost.size();
   double total = 0;
   for (double c : cost) total += c;
@@ -44,7 +44,7 @@ std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
   makespan = total + cm.partition_call_s;
   if (lanes < 2 || n < 2) return {all};
   // Small: not worth a piece's call, or a sliver of the whole graph.
-  auto groups = plan::group_nodes(cost, preds, std::max(cm.partition_call_s, total / (16.0 * lanes)));
+  auto groups = plan::group_nodes(cost, preds, std::max(cm.partition_call_s, total / (16.0 * lanes)), siblings);
   if (groups.size() < 2) return {all};
   std::vector<int> group_of(n, -1);
   for (size_t k = 0; k < groups.size(); ++k)
@@ -70,7 +70,7 @@ std::vector<std::vector<int>> split_groups(const std::vector<double>& cost, cons
                                            int lanes) {
   std::vector<int> lane_of;
   double makespan = 0;
-  auto groups = schedule_groups(cost, preds, lanes, lane_of, makespan);
+  auto groups = schedule_groups(cost, preds, lanes, lane_of, makespan, false);
   double total = 0;
   for (double c : cost) total += c;
   if (groups.size() > 1 && worth_splitting(makespan, total)) return groups;

@@ -331,17 +331,41 @@ constexpr size_t kMaxParts = 16;
 // The groups on each lane joined into as few parts as keep the lanes
 // apart: a lane's groups, in order, join its current part until one reads
 // from a part (on another lane) that the current part does not already
-// wait for; that group starts the lane's next part. A part then waits for
+// wait for, or follows a group another lane needs before the rest (below);
+// that group starts the lane's next part. A part then waits for
 // others only before it starts, and only for parts that do not wait for it
 // (counting each lane's order of parts as waits too): lanes that run their
 // parts in order cannot wait for each other in a circle. `groups` in a
 // topological order; `lane` per group, then per part.
 std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::vector<std::vector<int>>& groups,
                                                std::vector<int>& lane) {
+  // A part also ends after a group that another lane reads without reading
+  // the later groups of its lane (a trunk and its heads: the head on the
+  // other lane waits for the trunk, not for the head after it).
+  std::vector<int> group_of(g.size(), -1);
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int i : groups[k]) group_of[static_cast<size_t>(i)] = static_cast<int>(k);
+  std::vector<std::vector<int>> reads_of(groups.size());  // groups each reads, directly
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int i : groups[k])
+      for (int d : g.deps[static_cast<size_t>(i)]) {
+        const int j = group_of[static_cast<size_t>(d)];
+        auto& r = reads_of[k];
+        if (j != static_cast<int>(k) && std::find(r.begin(), r.end(), j) == r.end()) r.push_back(j);
+      }
+  std::vector<char> cut_after(groups.size(), 0);
+  for (size_t r = 0; r < groups.size(); ++r)
+    for (int k : reads_of[r]) {
+      if (lane.at(static_cast<size_t>(k)) == lane.at(r)) continue;
+      bool later = false;  // does r read a later group of k's lane?
+      for (int j : reads_of[r]) later = later || (j > k && lane.at(static_cast<size_t>(j)) == lane.at(static_cast<size_t>(k)));
+      if (!later) cut_after[static_cast<size_t>(k)] = 1;
+    }
   std::vector<std::vector<int>> parts, after;  // after[c]: parts c reads (and its lane's previous part)
   std::vector<int> part_lane;
   std::vector<int> part_of(g.size(), -1);
   std::unordered_map<int, int> current;  // lane -> its current part
+  std::unordered_map<int, bool> closed;  // lane -> its current part takes no more groups
   std::vector<char> seen;
   auto waits_for = [&](int from, int to) {
     seen.assign(parts.size(), 0);
@@ -366,7 +390,7 @@ std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::ve
         const int pd = part_of[static_cast<size_t>(d)];
         if (pd >= 0 && std::find(reads.begin(), reads.end(), pd) == reads.end()) reads.push_back(pd);
       }
-    bool fits = c >= 0;
+    bool fits = c >= 0 && !closed[l];
     for (int pd : reads)
       if (fits && pd != c && !waits_for(c, pd)) fits = false;
     if (!fits) {
@@ -377,6 +401,7 @@ std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::ve
       c = static_cast<int>(parts.size()) - 1;
       current[l] = c;
     }
+    closed[l] = cut_after[k] != 0;
     auto& a = after[static_cast<size_t>(c)];
     for (int pd : reads)
       if (pd != c && std::find(a.begin(), a.end(), pd) == a.end()) a.push_back(pd);
@@ -407,7 +432,7 @@ std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l
   const int threads = l.topo.threads_per_lane(lanes);
   for (size_t i = 0; i < g.size(); ++i) total += cost[i] = plan::node_seconds(est.work.at(i), cm, threads);
   double makespan = 0;
-  const auto groups = schedule_groups(cost, g.deps, lanes, part_lane, makespan);
+  const auto groups = schedule_groups(cost, g.deps, lanes, part_lane, makespan, /*siblings=*/true);
   if (groups.size() < 2) return {};
   auto parts = join_along_lanes(g, groups, part_lane);
   if (parts.size() < 2 || parts.size() > kMaxParts) return {};
@@ -760,7 +785,7 @@ bool lay_out(const CompileRequest& req, CompiledGraph& c) {
     }
     if (c.parts[p].input_dtypes.size() != lay.leaves.size()) return false;
   }
-  // A part may read from a part made after it, on another lane.
+  // The parts each part reads from (earlier ones: join_along_lanes).
   for (auto& lay : c.layout)
     for (int w : lay.leaves) {
       auto it = made_by.find(w);
@@ -782,12 +807,16 @@ void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> 
   auto it = t.entries.find(key);
   if (it != t.entries.end() && it->second.state == State::Queued && it->second.request) {
     Entry& e = it->second;
-    bool fit = !ways.empty();
-    for (auto& w : ways) {
-      fit = fit && lay_out(*e.request, *w);
-      if (fit) w->fixed = fixed_hash(*e.request, w->lifted);
-    }
-    if (!fit) {
+    // A way whose parts do not match the request's is dropped (the others
+    // may still run).
+    std::vector<std::shared_ptr<CompiledGraph>> fit;
+    for (auto& w : ways)
+      if (lay_out(*e.request, *w)) {
+        w->fixed = fixed_hash(*e.request, w->lifted);
+        fit.push_back(std::move(w));
+      }
+    ways = std::move(fit);
+    if (ways.empty()) {
       e.state = State::Rejected;
       e.request.reset();
       t.last_error = "not compiled: the compiler returned parts that do not match the graph's";
@@ -856,6 +885,8 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   if (compile_hits() == 0) return std::nullopt;
   run.key = key_of(g);
   std::shared_ptr<const CompiledGraph> compiled;
+  std::vector<std::shared_ptr<const CompiledGraph>> ways;  // on trial
+  std::vector<int> calls;
   {
     auto& t = tiers();
     std::lock_guard<std::mutex> lock(t.m);
@@ -866,17 +897,21 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     if (e.state == State::Kept) {
       compiled = e.compiled;
       run.choice = e.choice;
-    } else {  // on trial: the way called least so far
-      if (e.trial.empty()) return std::nullopt;
-      size_t k = 0;
-      for (size_t j = 1; j < e.trial.size(); ++j)
-        if (e.trial_calls[j] < e.trial_calls[k]) k = j;
-      compiled = e.trial[k];
+    } else {
+      ways = e.trial;
+      calls = e.trial_calls;
     }
   }
-  // The same structure on other lanes, or with other values of the
-  // constants compiled in: tier 0.
-  if (!eligible(g, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
+  // The same structure on other lanes: tier 0. On trial, the way called
+  // least so far among those whose constants compiled in have this
+  // graph's values (each way lifts its own).
+  if (!eligible(g, l)) return std::nullopt;
+  size_t pick = ways.size();
+  for (size_t j = 0; j < ways.size(); ++j)
+    if (fixed_hash(g, ways[j]->lifted) == ways[j]->fixed && (pick == ways.size() || calls[j] < calls[pick])) pick = j;
+  if (pick < ways.size()) compiled = ways[pick];
+  // Other values of the constants compiled in: tier 0.
+  if (!compiled || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
     // The compiled loops have their threads; the kernels they call (a
     // product) take this thread's, as they would on the syncing thread. A
@@ -904,10 +939,21 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     runtime::counters().tier1_fallbacks++;
     auto it = t.entries.find(run.key);
     if (it != t.entries.end()) {
-      it->second.state = State::Rejected;
-      dropped.push_back(std::move(it->second.compiled));
-      for (auto& c : it->second.trial) dropped.push_back(std::move(c));
-      it->second.trial.clear();
+      Entry& en = it->second;
+      const auto at = std::find(en.trial.begin(), en.trial.end(), dropped.front());
+      if (en.state == State::Trial && at != en.trial.end() && en.trial.size() > 1) {
+        // On trial beside another way: only this way goes.
+        const auto j = static_cast<size_t>(at - en.trial.begin());
+        dropped.push_back(std::move(en.trial[j]));
+        en.trial.erase(en.trial.begin() + static_cast<std::ptrdiff_t>(j));
+        en.trial_calls.erase(en.trial_calls.begin() + static_cast<std::ptrdiff_t>(j));
+        en.trial_seconds.erase(en.trial_seconds.begin() + static_cast<std::ptrdiff_t>(j));
+      } else {
+        en.state = State::Rejected;
+        dropped.push_back(std::move(en.compiled));
+        for (auto& c : en.trial) dropped.push_back(std::move(c));
+        en.trial.clear();
+      }
     }
     return std::nullopt;
   }
@@ -982,6 +1028,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.state == State::Remeasure) {
     if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
       e.state = State::Trial;
+      e.choice.clear();
       e.trial = {e.compiled};
       e.trial_calls = {1};  // warm: no untimed run
       e.trial_seconds = {{}};

@@ -114,9 +114,10 @@ void set_compile_trial(bool on);
 // The compile thread's side (Python): waits for the next hot graph (null
 // once stop_compiles() was called); installs or rejects what it compiled.
 std::shared_ptr<const CompileRequest> next_compile_request();
-// `compiled->fixed` is set here, from the graph the request was made of.
 // `ways`: the whole graph compiled as one part and, for a split request, its
 // parts; on trial, each way is timed and the fastest kept if it beats tier 0.
+// Each way's layout and `fixed` are set here, from the request; a way whose
+// parts do not match the request's is dropped.
 void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> ways);
 void reject_compiled(uint64_t key, const std::string& why);
 void stop_compiles();

@@ -11,8 +11,8 @@ namespace torch_mgpu::plan {
 namespace {
 
 struct Groups {
-  // Group ids are their first node's index; a merged group keeps the id
-  // of the one it was merged into.
+  // A group's id is its first node's index when made; a merged group keeps
+  // the id of the one it was merged into.
   std::map<int, std::vector<int>> members;
   std::map<int, double> cost;
   std::map<int, std::set<int>> preds, succs;
@@ -81,7 +81,7 @@ struct Groups {
     }
   }
 
-  void merge_small(double small) {
+  void merge_small(double small, bool siblings) {
     bool changed = true;
     while (changed) {
       changed = false;
@@ -96,14 +96,15 @@ struct Groups {
         // moves after the join), else the cheapest successor: never into
         // one of several predecessors, which would then wait for the rest.
         int target = -1;
-        // Into a small sibling first (the same predecessors and successors:
-        // independent of it), so that many small branches (a feature
-        // transform per column) become a few bundles the lanes share
+        // With `siblings`, into a small sibling first (the same predecessors
+        // and successors: independent of it), so that many small branches (a
+        // feature transform per column) become a few bundles the lanes share
         // instead of all moving into their join.
-        for (const auto& [h, c] : cost)
-          if (h != g && c < small && preds[h] == preds[g] && succs[h] == succs[g] &&
-              (target < 0 || c < cost[target]))
-            target = h;
+        if (siblings)
+          for (const auto& [h, c] : cost)
+            if (h != g && c < small && preds[h] == preds[g] && succs[h] == succs[g] &&
+                (target < 0 || c < cost[target]))
+              target = h;
         if (target >= 0) {
         } else if (preds[g].size() == 1) {
           target = *preds[g].begin();
@@ -161,7 +162,7 @@ struct Groups {
 } // namespace
 
 std::vector<std::vector<int>> group_nodes(const std::vector<double>& cost, const std::vector<std::vector<int>>& preds,
-                                          double small) {
+                                          double small, bool siblings) {
   const int n = static_cast<int>(cost.size());
   TORCH_CHECK(preds.size() == cost.size(), "group_nodes: one list of predecessors per node");
   Groups gs;
@@ -179,7 +180,7 @@ std::vector<std::vector<int>> group_nodes(const std::vector<double>& cost, const
     }
   if (n > 1) {
     gs.contract_chains();
-    gs.merge_small(small);
+    gs.merge_small(small, siblings);
     gs.contract_chains();
   }
   return gs.ordered();
