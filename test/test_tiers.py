@@ -620,6 +620,18 @@ def test_a_split_graph_takes_a_changing_constant_as_an_input(tiered, no_trial, t
     assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] == 1
 
 
+def run_hot(f, cpu, mg, atol, runs=4):
+    """Runs `f` (returning a tuple) on the CPU and the mgpu inputs `runs`
+    times, each result against eager's; the graph gets hot after two runs,
+    whose compiles are waited for. Returns the last plan."""
+    for k in range(runs):
+        want = f(*cpu)
+        for w, t in zip(want, f(*mg)):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=atol)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    return torch_mgpu.last_plan()
+
 def test_parts_that_wait_for_each_other_across_the_lanes(tiered, no_trial, two_lanes):
     # Two stages of two towers each, the second stage reading both towers
     # of the first: parts on each lane wait for the other lane's earlier
@@ -634,13 +646,7 @@ def test_parts_that_wait_for_each_other_across_the_lanes(tiered, no_trial, two_l
         left2, right2 = torch.tanh(mixed @ a), torch.sigmoid(right @ mixed)
         return left2 - right2, mixed.sum()
 
-    for k in range(4):
-        want = f(*cpu)
-        for w, t in zip(want, f(*mg)):
-            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
-    plan = torch_mgpu.last_plan()
+    plan = run_hot(f, cpu, mg, atol=1e-3)
     assert plan.tier == 1, torch_mgpu._C._tier_last_error()
     assert " parts on 2 lanes" in plan.compiled and " then " in plan.compiled, plan.compiled
 
@@ -660,11 +666,7 @@ def test_many_small_branches_are_bundled_into_parts_for_the_lanes(tiered, no_tri
             out.append(torch.tanh(z * 0.5) * torch.sigmoid(z) - z * z * 0.1)
         return torch.stack(out, 1)
 
-    for k in range(4):
-        torch.testing.assert_close(f(colsm).cpu(), f(cols), rtol=1e-4, atol=1e-4)
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
-    plan = torch_mgpu.last_plan()
+    plan = run_hot(lambda *cs: (f(cs),), cols, colsm, atol=1e-4)
     assert plan.tier == 1, torch_mgpu._C._tier_last_error()
     assert " parts on 2 lanes" in plan.compiled, plan.compiled
 
@@ -684,13 +686,7 @@ def test_a_trunk_read_by_heads_on_both_lanes_is_a_part_of_its_own(tiered, no_tri
         return torch.tanh(h @ c) + torch.sigmoid(h @ d), h
 
     before = tier1_stats()
-    for k in range(4):
-        want = f(*cpu)
-        for w, t in zip(want, f(*mg)):
-            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
-    plan = torch_mgpu.last_plan()
+    plan = run_hot(f, cpu, mg, atol=1e-3)
     assert plan.tier == 1, torch_mgpu._C._tier_last_error()
     assert " parts on 2 lanes" in plan.compiled, plan.compiled
     assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]
