@@ -141,8 +141,9 @@ def prepare_tier1(case, mg_in):
     tier1_enter()
     try:
         # A graph with branches is compiled two ways (whole, and in parts on
-        # the lanes): its trial is a cold and three timed runs of each.
-        for k in range(TIER1_HITS + 12):
+        # the lanes): its trial is a cold and three timed runs of each, in
+        # turns with three runs of tier 0.
+        for k in range(TIER1_HITS + 14):
             mgpu_sync(case.fn(*mg_in))
             plan = torch_mgpu.last_plan()
             if started is None and plan is not None and plan.tier == 1:
@@ -161,15 +162,15 @@ def prepare_tier1(case, mg_in):
 
 
 def tier1_way(plan):
-    """How the kept code runs: `whole` or `N parts`, with the trial's times
-    of both ways where there were two (ms)."""
+    """How the kept code runs: `whole` or `N parts`, with the times its
+    trial measured of each way and of tier 0 (ms)."""
     if plan is None or plan.tier != 1 or not plan.compiled:
         return "-"
     m = re.search(r" in (\d+) parts on", plan.compiled)
     way = f"{m.group(1)} parts" if m else "whole"
-    times = re.search(r"measured whole ([\d.]+) us, parts ([\d.]+) us", plan.compiled)
+    times = re.findall(r"(whole|parts|tier 0) ([\d.]+) us", plan.compiled.split("measured", 1)[-1])
     if times:
-        way += f" (whole {float(times.group(1)) / 1e3:.3g} / parts {float(times.group(2)) / 1e3:.3g})"
+        way += " (" + " / ".join(f"{name} {float(us) / 1e3:.3g}" for name, us in times) + ")"
     return way
 
 
@@ -459,11 +460,11 @@ def main():
         "",
         f"`mgpu tier 1` (table above): `configure(compile={TIER1_HITS})` with background execution off (tier 1 runs",
         "foreground syncs: the workload is one graph per sync); before the timed runs, the workload ran until its",
-        "graph compiled and its trial (one cold and three timed compiled runs against the node-by-node runs) decided.",
+        "graph compiled and its trial (one cold and three timed compiled runs, in turns with three node-by-node runs) decided.",
         "`started at run`: the run that first ran compiled code; `kept`: whether the trial kept it (else the",
         "timed runs are tier 0 with background execution off); compile seconds on the background thread.",
         "`way`: a graph with branches worth the lanes is compiled whole and in parts run side by side on the",
-        "lanes; the trial times both (ms, medians) and keeps the faster.",
+        "lanes; the trial times both and tier 0 (ms, medians) and keeps the fastest.",
         "",
         "| workload | case | mgpu | mgpu tier 1 | tier 1 / eager speed | tier 1 / inductor speed | started at run | kept | way | compile s | why not kept |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

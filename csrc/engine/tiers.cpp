@@ -55,7 +55,7 @@ struct Entry {
   std::vector<double> tier0;   // seconds
   std::vector<double> recent;  // kept code's latest runs
   double kept_median = 0;      // its trial's median
-  std::string choice;          // how the ways compiled measured, where there were two
+  std::string choice;          // what the trial measured: each way compiled, and tier 0
   uint64_t used = 0;
 };
 
@@ -827,6 +827,7 @@ void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> 
     e.request.reset();
     if (trial_slot()) {
       e.state = State::Trial;
+      e.tier0.clear();  // measured again in turns with the compiled ways
       e.trial.assign(ways.begin(), ways.end());
       e.trial_calls.assign(ways.size(), 0);
       e.trial_seconds.assign(ways.size(), {});
@@ -887,6 +888,7 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<std::shared_ptr<const CompiledGraph>> ways;  // on trial
   std::vector<int> calls;
+  int tier0_runs = 0;
   {
     auto& t = tiers();
     std::lock_guard<std::mutex> lock(t.m);
@@ -900,15 +902,20 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     } else {
       ways = e.trial;
       calls = e.trial_calls;
+      tier0_runs = static_cast<int>(e.tier0.size());
     }
   }
-  // The same structure on other lanes: tier 0. On trial, the way called
-  // least so far among those whose constants compiled in have this
-  // graph's values (each way lifts its own).
+  // The same structure on other lanes: tier 0. On trial, the ways and tier
+  // 0 take turns (the machine's load, and tier 0's refined plan, then
+  // weigh on all alike): the way called least so far among those whose
+  // constants compiled in have this graph's values (each way lifts its
+  // own), or tier 0 where it has fewer timed runs than that way (its
+  // first call, cold, is not timed).
   if (!eligible(g, l)) return std::nullopt;
   size_t pick = ways.size();
   for (size_t j = 0; j < ways.size(); ++j)
     if (fixed_hash(g, ways[j]->lifted) == ways[j]->fixed && (pick == ways.size() || calls[j] < calls[pick])) pick = j;
+  if (pick < ways.size() && calls[pick] > tier0_runs + 1) return std::nullopt;  // tier 0's turn
   if (pick < ways.size()) compiled = ways[pick];
   // Other values of the constants compiled in: tier 0.
   if (!compiled || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
@@ -959,6 +966,37 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   }
 }
 
+// Ends a trial once every way and tier 0 have their timed runs: the
+// fastest way is kept if it beats tier 0, else the graph stays in tier 0.
+void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
+  if (e.tier0.size() < static_cast<size_t>(kTrialRuns)) return;
+  for (const auto& times : e.trial_seconds)
+    if (static_cast<int>(times.size()) < kTrialRuns) return;
+  // Every way timed: the fastest against tier 0.
+  size_t best = 0;
+  for (size_t j = 1; j < e.trial.size(); ++j)
+    if (median(e.trial_seconds[j]) < median(e.trial_seconds[best])) best = j;
+  const double best_s = median(e.trial_seconds[best]);
+  const bool faster = best_s * kMargin < median(e.tier0);
+  e.state = faster ? State::Kept : State::Rejected;
+  e.kept_median = best_s;
+  if (faster) {
+    e.compiled = e.trial[best];
+  } else {
+    if (e.compiled) dropped.push_back(std::move(e.compiled));
+    t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(best_s * 1e6) + " us, tier 0 " +
+        std::to_string(median(e.tier0) * 1e6) + " us)";
+    runtime::counters().tier1_rejected++;
+  }
+  std::string times;
+  for (size_t j = 0; j < e.trial.size(); ++j)
+    times += std::string(e.trial[j]->parts.size() == 1 ? "whole " : "parts ") +
+        std::to_string(median(e.trial_seconds[j]) * 1e6) + " us, ";
+  e.choice = "measured " + times + "tier 0 " + std::to_string(median(e.tier0) * 1e6) + " us";
+  for (auto& c : e.trial) dropped.push_back(std::move(c));
+  e.trial.clear();
+}
+
 void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double seconds, bool failed) {
   const int hits = compile_hits();
   if (hits == 0) return;
@@ -992,39 +1030,17 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     if (k == e.trial.size()) return;
     if (e.trial_calls[k]++ == 0) return;  // the first call is cold
     e.trial_seconds[k].push_back(seconds);
-    for (const auto& times : e.trial_seconds)
-      if (static_cast<int>(times.size()) < kTrialRuns) return;
-    // Every way timed: the fastest against tier 0.
-    size_t best = 0;
-    for (size_t j = 1; j < e.trial.size(); ++j)
-      if (median(e.trial_seconds[j]) < median(e.trial_seconds[best])) best = j;
-    const double best_s = median(e.trial_seconds[best]);
-    const bool faster = !e.tier0.empty() && best_s * kMargin < median(e.tier0);
-    e.state = faster ? State::Kept : State::Rejected;
-    e.kept_median = best_s;
-    if (faster) {
-      e.compiled = e.trial[best];
-    } else {
-      if (e.compiled) dropped.push_back(std::move(e.compiled));
-      t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(best_s * 1e6) + " us, tier 0 " +
-          (e.tier0.empty() ? std::string("unmeasured") : std::to_string(median(e.tier0) * 1e6) + " us") + ")";
-      runtime::counters().tier1_rejected++;
-    }
-    if (e.trial.size() > 1) {
-      std::string times;
-      for (size_t j = 0; j < e.trial.size(); ++j)
-        times += (j ? ", " : "") + std::string(e.trial[j]->parts.size() == 1 ? "whole " : "parts ") +
-            std::to_string(median(e.trial_seconds[j]) * 1e6) + " us";
-      e.choice = "measured " + times;
-    }
-    for (auto& c : e.trial) dropped.push_back(std::move(c));
-    e.trial.clear();
+    finish_trial(t, e, dropped);
     return;
   }
   if (failed) return;  // an error is no measure of the graph
   if (e.state == State::Rejected || e.state == State::Kept) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
+  if (e.state == State::Trial) {  // tier 0's turn in the trial
+    finish_trial(t, e, dropped);
+    return;
+  }
   if (e.state == State::Remeasure) {
     if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
       e.state = State::Trial;

@@ -5,8 +5,9 @@
 // works in the background (inductor, from Python: torch_mgpu/_tiers.py),
 // which returns one function for the whole graph (and, for a graph with
 // independent branches, one per part: see below). Later syncs of that graph
-// run the compiled code (tier 1), first as a trial: the fastest way is kept
-// only if it measures faster than tier 0 did, else the graph stays in tier 0. A
+// run the compiled code (tier 1), first as a trial in which the compiled ways
+// and tier 0 take turns: the fastest way is kept only if it measures faster
+// than tier 0 in the same trial, else the graph stays in tier 0. A
 // compiled function is pure (it writes no input), so a run that fails is
 // run again in tier 0, which raises what it would have raised.
 //
@@ -135,7 +136,7 @@ void set_compiler_present(bool present);
 struct TierRun {
   uint64_t key = 0;
   std::shared_ptr<const CompiledGraph> compiled;  // tier 1 ran with it
-  std::string choice;  // kept code: how the ways compiled measured, where there were two
+  std::string choice;  // kept code: what its trial measured (each way compiled, and tier 0)
 };
 // `caller_threads`: the intra-op threads of the thread that synced (a
 // flight runs the compiled code with as many, as it runs a one-lane plan).
