@@ -197,7 +197,7 @@ cuda_compile() {
 # (a crash ends that file only; 300 s at most), with a native stack printed on
 # a fatal signal (scripts/native_backtrace.c); logs go to build-gpu/logs.
 # TORCH_MGPU_GPU_PYTHON picks another interpreter.
-GPU_TESTS="test_physical_devices test_parallel test_streams test_events test_memory test_accelerator test_faults
+GPU_TESTS="test_physical_devices test_parallel test_streams test_events test_memory test_accelerator test_faults test_tiers_gpu
   test_autograd test_stream_sanitizer test_gpu_model test_lazy"
 gpu_test_file() {
   local py=$1 f=$2 logs=$3 rc=0  # (set -e: a failing file must not end the run)

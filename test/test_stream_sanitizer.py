@@ -263,3 +263,100 @@ def test_refused_on_cuda_lanes():
             C._stream_sanitizer_start()
     finally:
         restore_lanes(*before)
+
+
+def towers(a, b, c, d):
+    # Two independent products, each worth a lane, and a join.
+    left = torch.tanh(a @ b) * 0.5
+    right = torch.relu(c @ d) + 0.25
+    return left + right, right.mean()
+
+
+@pytest.fixture
+def compiled_parts():
+    """Tier 1 on (compile after two runs, kept without a trial) with one
+    graph per sync."""
+    saved = torch_mgpu.async_ops()
+    torch_mgpu.set_async_ops(0)
+    torch_mgpu.configure(compile=2)
+    C._set_tier_trial(False)
+    yield
+    torch_mgpu.wait_for_compiles(120)
+    C._set_tier_trial(True)
+    torch_mgpu.configure(compile=False)
+    torch_mgpu.set_async_ops(saved)
+
+
+def run_towers_hot(xs):
+    """Runs `towers` until its compiled parts run; checks every run against
+    eager; returns the tiers that ran."""
+    want = towers(*xs)
+    tiers = []
+    for k in range(4):
+        for w, t in zip(want, towers(*[x.to("mgpu") for x in xs])):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    return tiers
+
+
+def test_compiled_parts_run_on_the_stream_lanes_in_stream_order(sanitized, compiled_parts):
+    # Tier 1 on stream lanes (a GPU's, here CPU lanes under the sanitizer):
+    # each part queued on its lane's stream after the events of the parts
+    # it reads, its inputs recorded on that stream; no race.
+    xs = [torch.randn(320, 320, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    checked = C._stream_sanitizer_accesses()
+    tiers = run_towers_hot(xs)
+    assert tiers == [0, 0, 1, 1], C._tier_last_error()
+    plan = torch_mgpu.last_plan()
+    assert "parts on 2 lanes" in plan.compiled, plan.compiled
+    assert C._stream_sanitizer_accesses() > checked
+    # A graph without branches compiles whole: it runs on the first lane's stream.
+    x = torch.randn(48, 48)
+    want = fusible_chain(torch.tanh(fusible_chain(x)))
+    for k in range(4):
+        checked = C._stream_sanitizer_accesses()
+        torch.testing.assert_close(fusible_chain(torch.tanh(fusible_chain(x.to("mgpu")))).cpu(), want)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert torch_mgpu.last_plan().tier == 1 and " parts " not in torch_mgpu.last_plan().compiled
+    assert C._stream_sanitizer_accesses() > checked  # the compiled graph's work, on a stream
+
+
+def test_a_dropped_event_between_compiled_parts_is_reported(compiled_parts):
+    # The join's part reads the other lane's part: leave out its event wait
+    # and the sanitizer names the compiled parts. (No block a part reads is
+    # freed before every lane's stream has finished: no record on a stream
+    # to leave out.)
+    point = "drop_event_wait"
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    streams(["cpu"], 2)
+    C._stream_sanitizer_start()
+    try:
+        xs = [torch.randn(336, 336, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+        assert run_towers_hot(xs) == [0, 0, 1, 1], C._tier_last_error()
+        assert C._stream_sanitizer_races() == []
+        want = towers(*xs)
+        caught = []
+        for k in range(1, 8):
+            fired = C._faults_fired(point)
+            C._inject_fault(point, k)
+            try:
+                got = towers(*[x.to("mgpu") for x in xs])
+                got = [t.cpu() for t in got]
+            finally:
+                C._inject_fault(point, 0)
+            assert torch_mgpu.last_plan().tier == 1
+            if C._faults_fired(point) == fired:
+                break  # a run has fewer
+            for w, t in zip(want, got):
+                torch.testing.assert_close(t, w, rtol=1e-4, atol=1e-4)
+            caught += C._stream_sanitizer_races()
+            if caught:
+                break
+    finally:
+        C._stream_sanitizer_stop()
+        restore_lanes(*before)
+    assert caught, f"no race reported with {point}"
+    assert all("compiled part" in race for race in caught), caught

@@ -132,7 +132,7 @@ def replay_fn(req, subst=None):
                     if mutated in grown:
                         if base.numel() != 0:
                             raise Unsupported("an out= tensor resized over bytes it had")
-                        base = torch.empty(nbytes // base.element_size(), dtype=base.dtype)
+                        base = torch.empty(nbytes // base.element_size(), dtype=base.dtype, device=base.device)
                     elif v < n_leaves or last_read.get(v, -1) > i or v in root_set:
                         base = torch.clone(base)
                     written[mutated] = (base, fresh)
@@ -332,7 +332,9 @@ def lift(req, examples):
     # Another result dtype (an integer tensor times a float64 tensor is
     # float64, times a Python float the default dtype): keep them baked in.
     try:
-        FakeTensorProp(gm).propagate(*examples, *[torch.tensor(_stand_in(0, j), dtype=torch.float64) for j in keep])
+        device = examples[0].device if examples else None
+        FakeTensorProp(gm).propagate(*examples, *[torch.tensor(_stand_in(0, j), dtype=torch.float64, device=device)
+                                                  for j in keep])
     except Exception:
         return real, []
     for n, old in before.items():
@@ -356,30 +358,35 @@ def loop_threads():
 def compile_request(req):
     """(compiled function, input dtypes, description, lifted constants) for
     one hot graph, or one part of a split one (`req["split"]`: its number
-    of parts). A part runs beside the others: it is compiled with the C++
-    wrapper, which lets go of the GIL, and its loops take its lane's share
-    of the cores."""
+    of parts), for the lanes' device (`req["device"]`: the host, or the GPU
+    whose streams the lanes are). A host part runs beside the others: it is
+    compiled with the C++ wrapper, which lets go of the GIL, and its loops
+    take its lane's share of the cores."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     from .compile import _cpu_threads
 
     dtypes = _flat_dtypes(req)
+    device = torch.device(req.get("device", "cpu"))
     examples = []
     for nbytes, dt in zip(req["leaves"], dtypes):
         itemsize = torch.empty(0, dtype=dt).element_size()
-        examples.append(torch.zeros(nbytes // itemsize, dtype=dt))
+        examples.append(torch.zeros(nbytes // itemsize, dtype=dt, device=device))
     split = req.get("split", 0) > 1
     with torch.no_grad():
         gm, lifted = lift(req, examples)
-        examples += [torch.tensor(0.5, dtype=torch.float64) for _ in lifted]
+        examples += [torch.tensor(0.5, dtype=torch.float64, device=device) for _ in lifted]
         # Tier 0's numbers: a half or bfloat16 result is rounded to its
         # dtype between fused ops, as eager does (inductor keeps float32
         # across them, and a floor or a comparison then differs by a whole
         # unit).
         patches = {"cpp.threads": _cpu_threads(req["lanes"]) if split else loop_threads(),
                    "emulate_precision_casts": True}
-        if split:
+        if split and device.type == "cpu":
+            # A host part's loops run in the wrapper: the C++ one lets go
+            # of the GIL. A CUDA part's Python wrapper only queues kernels
+            # on its lane's stream (the current one when it is called).
             patches["cpp_wrapper"] = True
         with inductor_config.patch(patches):
             compiled = compile_fx(gm, examples)

@@ -10,9 +10,12 @@
 #include "ir/partition.h"
 #include "runtime/counters.h"
 #include "runtime/lanes.h"
+#include "runtime/observer.h"
 #include "runtime/place.h"
 
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +23,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <pthread.h>
 #include <unordered_map>
 #include <unordered_set>
@@ -209,13 +214,13 @@ std::vector<std::pair<int, int>> varying_constants(const ir::Graph& g, const std
 }
 
 // A lifted constant's value as the compiled code takes it.
-at::Tensor lifted_input(const c10::IValue& v) {
+at::Tensor lifted_input(const c10::IValue& v, c10::Device device) {
   double d = 0;
   if (v.isDouble()) d = v.toDouble();
   else if (v.isScalar()) d = v.toScalar().toDouble();
   else if (v.isTensor()) d = v.toTensor().item().toDouble();
   else TORCH_CHECK(false, "mgpu: a constant compiled as an input is not a number");
-  return at::scalar_tensor(d, at::TensorOptions().dtype(at::kDouble));
+  return at::scalar_tensor(d, at::TensorOptions().dtype(at::kDouble).device(device));
 }
 
 // The graph's values, numbered as a CompileRequest numbers them: the leaves
@@ -285,10 +290,14 @@ bool plain_constant(const c10::IValue& v) {
 
 // Why tier 1 may not run `g` on lanes `l` (see tiers.h), or "" when it may.
 std::string ineligible(const ir::Graph& g, const Lanes& l) {
-  if (l.topo.cuda || stream_lanes(l)) return "CUDA or stream lanes";
   if (g.size() < 2) return "a graph of one op";
-  for (const auto& p : l.places)
-    if (!p.device.is_cpu()) return "lanes off the host";
+  if (l.places.empty()) return "no lanes";
+  const c10::Device device = l.places[0].device;
+  if (!device.is_cpu() && !device.is_cuda()) return "lanes off the host and CUDA";
+  for (const auto& p : l.places) {
+    if (p.device != device) return "lanes on more than one device";
+    if (p.streams != l.places[0].streams) return "stream lanes beside host lanes";
+  }
   const ir::CallState plain;
   for (const auto& n : g.nodes) {
     // Every tier-1 run checks its graph: the reason is made only when there is one.
@@ -315,8 +324,9 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     for (const auto& v : n->operands) {
       if (g.find(v.node.get()) >= 0) continue;
       const auto kind = v.node->kind;
-      if (kind == ir::NodeKind::Data ? !v.node->data.device().is_cpu() : kind != ir::NodeKind::Empty)
-        return no("reads bytes off the host");
+      if (kind == ir::NodeKind::Data ? !(v.node->data.device().is_cpu() || v.node->data.device() == device)
+                                     : kind != ir::NodeKind::Empty)
+        return no("reads bytes off the host and the lanes' device");
     }
   }
   return "";
@@ -518,6 +528,7 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
   req->roots = nb.roots;  // the whole graph numbers its values as nb does
   req->key = key;
   req->varying = std::move(varying);
+  req->device = l.places.at(0).device.str();
   std::vector<int> lanes;
   const auto parts = split_for_lanes(g, l, lanes);
   if (!parts.empty()) {
@@ -534,6 +545,7 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
       auto& part = req->parts.back();
       part.lane = lanes[c];
       part.key = key;
+      part.device = req->device;
       // The varying constants of its nodes, as it numbers them.
       for (const auto& [i, k] : req->varying) {
         const auto at = std::find(part.whole_nodes.begin(), part.whole_nodes.end(), i);
@@ -547,12 +559,15 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
   return req;
 }
 
-c10::Storage leaf_bytes(const ir::Value& v) {
+// A leaf's bytes on `device` (a copy there is complete on return: every
+// lane's stream may read it).
+c10::Storage leaf_bytes(const ir::Value& v, c10::Device device) {
   const auto& n = *v.node;
-  if (n.kind == ir::NodeKind::Data) return n.data;
-  const size_t nbytes = n.outputs.at(v.index).nbytes;
-  return n.replica_or(c10::Device(c10::kCPU), [&](const c10::Storage* any) {
-    return any ? runtime::copy_to(*any, c10::Device(c10::kCPU)) : runtime::allocate(nbytes);
+  if (n.kind == ir::NodeKind::Data && n.data.device() == device) return n.data;
+  const size_t nbytes = n.kind == ir::NodeKind::Data ? n.data.nbytes() : n.outputs.at(v.index).nbytes;
+  return n.replica_or(device, [&](const c10::Storage* any) {
+    if (n.kind == ir::NodeKind::Data) return runtime::copy_to(n.data, device, /*wait=*/true);
+    return any ? runtime::copy_to(*any, device, /*wait=*/true) : runtime::allocate(nbytes, device);
   });
 }
 
@@ -561,14 +576,31 @@ c10::Storage leaf_bytes(const ir::Value& v) {
 struct Values {
   const ir::Graph& g;
   const Numbering& nb;
+  const std::vector<runtime::Place>& places;  // by lane
   std::vector<c10::Storage> bytes;
   std::mutex m;
   std::unordered_set<const void*> taken;  // storages some value owns
+  // Stream lanes: an event after each part, on its lane's stream; a part
+  // on another lane waits on it before its own work (set before the part
+  // counts as done, read after).
+  std::vector<std::optional<c10::Event>> events;
 
-  // Runs part `p` of `c`: reads its leaves' bytes, stores its roots'.
+  // Runs part `p` of `c`: reads its leaves' bytes, stores its roots'. On a
+  // stream lane (its stream current), the part's work is queued after the
+  // events of the parts on other lanes it reads, and an event follows it.
+  // No block it reads is freed before every lane's stream has finished (the
+  // values between parts live until call() returns, after the lanes'
+  // synchronizes), so none needs recording on another stream.
   void run(const CompiledGraph& c, size_t p) {
     const CompiledPart& part = c.parts[p];
     const CompiledGraph::Layout& lay = c.layout[p];
+    const runtime::Place& place = places.at(static_cast<size_t>(lay.lane));
+    if (place.streams)
+      for (int d : lay.after)
+        if (c.layout[static_cast<size_t>(d)].lane != lay.lane && events[static_cast<size_t>(d)]) {
+          runtime::observers().before_event_wait();
+          if (!runtime::observers().drops_event_wait()) events[static_cast<size_t>(d)]->block(place.stream);
+        }
     std::vector<at::Tensor> inputs;
     std::unordered_set<const void*> input_bytes;
     for (size_t k = 0; k < lay.leaves.size(); ++k) {
@@ -583,11 +615,13 @@ struct Values {
       }
       const auto dtype = part.input_dtypes[k];
       const int64_t numel = static_cast<int64_t>(nbytes / c10::elementSize(dtype));
-      inputs.push_back(at::empty({0}, at::TensorOptions().dtype(dtype)).set_(s, 0, {numel}, {1}));
+      inputs.push_back(at::empty({0}, at::TensorOptions().dtype(dtype).device(s.device())).set_(s, 0, {numel}, {1}));
       input_bytes.insert(s.data());
     }
-    for (const auto& [i, k] : lay.lifted) inputs.push_back(lifted_input(g.nodes.at(i)->args.at(k).constant));
+    for (const auto& [i, k] : lay.lifted)
+      inputs.push_back(lifted_input(g.nodes.at(i)->args.at(k).constant, place.device));
     std::vector<at::Tensor> outs = part.run(inputs);
+    std::vector<const void*> written;  // the part's work on its stream writes these
     TORCH_CHECK(outs.size() == lay.roots.size(), "mgpu: a compiled graph returned ", outs.size(),
                 " tensors, expected ", lay.roots.size());
     for (size_t j = 0; j < outs.size(); ++j) {
@@ -603,7 +637,8 @@ struct Values {
         geom.strides = {1};
       }
       c10::Storage s;
-      bool own = t.defined() && t.layout() == at::kStrided && t.device().is_cpu() &&
+      if (t.defined() && t.layout() == at::kStrided) written.push_back(t.storage().data());
+      bool own = t.defined() && t.layout() == at::kStrided && t.device() == place.device &&
           capture::geometry_of(t) == geom && t.storage().nbytes() >= o.nbytes && !input_bytes.count(t.storage().data());
       if (own) {
         std::lock_guard<std::mutex> lock(m);
@@ -614,11 +649,22 @@ struct Values {
       } else {
         TORCH_CHECK(t.defined() && t.numel() * t.element_size() <= static_cast<int64_t>(o.nbytes),
                     "mgpu: a compiled graph returned a tensor that does not fit its value");
-        s = runtime::allocate(o.nbytes);
+        s = runtime::allocate(o.nbytes, place.device);
         runtime::view(s, geom).copy_(t);
+        written.push_back(s.data());
       }
       bytes[static_cast<size_t>(w)] = std::move(s);
     }
+    if (!place.streams) return;
+    if (runtime::observers().watches_streams()) {
+      std::vector<const void*> read(input_bytes.begin(), input_bytes.end());
+      runtime::observers().stream_access(place.device,
+                                         "compiled part " + std::to_string(p) + " (from node " +
+                                             std::to_string(g.nodes.at(static_cast<size_t>(lay.nodes.at(0)))->id) + ")",
+                                         read, written, false);
+    }
+    events[p].emplace(place.device.type());
+    events[p]->record(place.stream);
   }
 };
 
@@ -627,11 +673,17 @@ struct Values {
 // compiled code writes no input). A split graph runs its parts on the
 // lanes, each lane its parts in order, each part once the parts it reads
 // from are done; `threads`: the intra-op threads of each lane.
-runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, int threads) {
+runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::vector<runtime::Place>& places,
+                         int threads) {
   const Numbering nb = number(g);
   TORCH_CHECK(c.layout.size() == c.parts.size() && !c.parts.empty(), "mgpu: a compiled graph without its layout");
-  Values vals{g, nb, std::vector<c10::Storage>(static_cast<size_t>(nb.count())), {}, {}};
-  for (size_t k = 0; k < nb.leaves.size(); ++k) vals.bytes[k] = leaf_bytes(nb.leaves[k]);
+  TORCH_CHECK(!places.empty(), "mgpu: a compiled graph without lanes");
+  for (const auto& lay : c.layout)
+    TORCH_CHECK(lay.lane >= 0 && static_cast<size_t>(lay.lane) < places.size(), "mgpu: a compiled part on a lane the graph does not have");
+  const bool streams = places[0].streams;
+  Values vals{g, nb, places, std::vector<c10::Storage>(static_cast<size_t>(nb.count())), {}, {}, {}};
+  vals.events.resize(c.parts.size());
+  for (size_t k = 0; k < nb.leaves.size(); ++k) vals.bytes[k] = leaf_bytes(nb.leaves[k], places[0].device);
   for (const auto& lay : c.layout)
     for (int w : lay.leaves)
       TORCH_CHECK(w >= 0 && w < nb.count(), "mgpu: a compiled graph reads a value the graph does not have");
@@ -643,7 +695,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, int threads
   r.started = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r.started).count(); };
   std::vector<std::pair<double, double>> spans(c.parts.size());
-  if (c.parts.size() == 1) {
+  if (c.parts.size() == 1 && !streams) {
     vals.run(c, 0);
     spans[0] = {0.0, since()};
   } else {
@@ -661,6 +713,31 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, int threads
     for (int lane : slots)
       jobs.emplace_back([&, lane] {
         at::ThreadLocalStateGuard guard(tls);
+        // A stream lane queues its parts on its stream, then waits for it
+        // (whether or not a part failed: nothing it queued may outlive
+        // the run).
+        const runtime::Place& place = places[static_cast<size_t>(lane)];
+        std::optional<c10::StreamGuard> on_stream;
+        if (place.streams) on_stream.emplace(place.stream);
+        struct Drain {
+          const runtime::Place& place;
+          std::function<void(std::exception_ptr)> fail;
+          ~Drain() {
+            if (!place.streams) return;
+            try {
+              runtime::observers().before_stream_sync();
+              place.stream.synchronize();
+              runtime::observers().lane_done();
+            } catch (...) {
+              fail(std::current_exception());
+            }
+          }
+        } drain{place, [&](std::exception_ptr e) {
+                  std::lock_guard<std::mutex> lock(m);
+                  if (!error) error = e;
+                  failed = true;
+                  cv.notify_all();
+                }};
         for (size_t p = 0; p < c.parts.size(); ++p) {
           if (c.layout[p].lane != lane) continue;
           {
@@ -694,6 +771,13 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, int threads
       // not wait for it while this thread holds it.
       capture::InterpreterRelease unlocked;
       runtime::LanePool::instance().run(jobs, threads);
+    }
+    if (streams && runtime::observers().watches_streams()) {
+      // The lanes are joined: the host reads the roots from here on.
+      std::vector<std::pair<const void*, std::string>> results;
+      for (int w : nb.roots)
+        if (vals.bytes.at(static_cast<size_t>(w))) results.emplace_back(vals.bytes[static_cast<size_t>(w)].data(), "a result of a compiled graph");
+      runtime::observers().run_done(results);
     }
     if (error) std::rethrow_exception(error);
   }
@@ -928,9 +1012,9 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
       const int threads = std::clamp(caller_threads, 1, l.topo.cores);
       std::optional<runtime::ScopedParallelism> same;
       if (threads != runtime::thread_parallelism()) same.emplace(threads);
-      r = call(g, *compiled, threads);
+      r = call(g, *compiled, l.places, threads);
     } else {
-      r = call(g, *compiled, l.topo.threads_per_lane(compiled->lanes));
+      r = call(g, *compiled, l.places, l.topo.threads_per_lane(compiled->lanes));
     }
     run.compiled = std::move(compiled);
     runtime::counters().tier1_runs++;

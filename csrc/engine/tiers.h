@@ -16,9 +16,12 @@
 // the parts it reads: tier 1 keeps tier 0's parallelism and fuses within
 // each part.
 //
-// Only graphs whose every node is a plain ATen op on CPU lanes are compiled:
-// no random draws, no partitions of torch.compile graphs, no out= resizes,
-// the default call settings (see eligible()).
+// Only graphs whose every node is a plain ATen op are compiled: no random
+// draws, no partitions of torch.compile graphs, no out= resizes, the default
+// call settings (see eligible()), on lanes of one device: host lanes, or the
+// streams of one GPU (or CPU stream lanes under the stream-order
+// sanitizer), where each part runs on its lane's stream after waiting on
+// the events of the parts it reads, as the executor orders nodes.
 #include "engine/execution.h"
 
 #include <functional>
@@ -64,6 +67,7 @@ struct CompileRequest {
   std::vector<int> whole_nodes, whole_leaves, whole_roots;
   std::vector<CompileRequest> parts;  // empty: the graph compiles whole
   int lanes = 1;                      // lanes the parts run on (their loops share the cores)
+  std::string device = "cpu";         // where the lanes run: the compiled code's device ("cpu", "cuda:0")
 };
 
 // What the compiler returns, per part (the whole graph is one part): inputs

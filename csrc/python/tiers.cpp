@@ -54,6 +54,7 @@ py::dict request_dict(const engine::CompileRequest& req) {
   d["key"] = req.key;
   d["lanes"] = req.lanes;
   d["lane"] = req.lane;
+  d["device"] = req.device;
   py::list parts;
   for (const auto& p : req.parts) parts.append(request_dict(p));
   d["parts"] = parts;

@@ -1,0 +1,33 @@
+"""Tier 1 on CUDA lanes (run by `scripts/dev.sh gpu`; skipped without a
+GPU: test_stream_sanitizer checks the same code on CPU stream lanes)."""
+import pytest
+import torch
+
+import torch_mgpu
+from test_tiers import no_trial, tiered, tower_inputs, towers  # noqa: F401 (fixtures)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
+def test_compiled_parts_run_on_the_streams_of_a_gpu(tiered, no_trial):
+    # CUDA lanes: the graph compiles for the GPU, each part queued on its
+    # lane's stream after the events of the parts it reads (the same code
+    # test_stream_sanitizer checks on CPU stream lanes).
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=2)
+    try:
+        cpu = tower_inputs(7, 256)  # products that leave room on the device for the other lane's
+        mg = [t.to("mgpu") for t in cpu]
+        tiers = []
+        for k in range(5):
+            want = towers(*cpu)
+            for w, t in zip(want, towers(*mg)):
+                torch.testing.assert_close(t.cpu(), w, rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(mg[4].cpu(), cpu[4], rtol=1e-3, atol=1e-2)
+            tiers.append(torch_mgpu.last_plan().tier)
+            if k == 1:
+                assert torch_mgpu.wait_for_compiles(600)
+        assert tiers == [0, 0, 1, 1, 1], torch_mgpu._C._tier_last_error()
+        # Whole or in parts, as the GPU's cost model splits it (printed for the GPU run's log).
+        print("tier 1 on CUDA lanes:", torch_mgpu.last_plan().compiled)
+    finally:
+        torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
