@@ -306,18 +306,25 @@ def test_compiled_parts_run_on_the_stream_lanes_in_stream_order(sanitized, compi
     # each part queued on its lane's stream after the events of the parts
     # it reads, its inputs recorded on that stream; no race.
     xs = [torch.randn(320, 320, generator=torch.Generator().manual_seed(k)) for k in range(4)]
-    checked = C._stream_sanitizer_accesses()
     tiers = run_towers_hot(xs)
     assert tiers == [0, 0, 1, 1], C._tier_last_error()
     plan = torch_mgpu.last_plan()
     assert "parts on 2 lanes" in plan.compiled, plan.compiled
-    assert C._stream_sanitizer_accesses() > checked
+    mg = [x.to("mgpu") for x in xs]
+    torch_mgpu.synchronize()
+    checked = C._stream_sanitizer_accesses()
+    for w, t in zip(towers(*xs), towers(*mg)):
+        torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
+    assert torch_mgpu.last_plan().tier == 1
+    assert C._stream_sanitizer_accesses() > checked  # the compiled parts' work, on the streams
     # A graph without branches compiles whole: it runs on the first lane's stream.
     x = torch.randn(48, 48)
     want = fusible_chain(torch.tanh(fusible_chain(x)))
     for k in range(4):
+        xm = x.to("mgpu")
+        torch_mgpu.synchronize()
         checked = C._stream_sanitizer_accesses()
-        torch.testing.assert_close(fusible_chain(torch.tanh(fusible_chain(x.to("mgpu")))).cpu(), want)
+        torch.testing.assert_close(fusible_chain(torch.tanh(fusible_chain(xm))).cpu(), want)
         if k == 1:
             assert torch_mgpu.wait_for_compiles(300)
     assert torch_mgpu.last_plan().tier == 1 and " parts " not in torch_mgpu.last_plan().compiled

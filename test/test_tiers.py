@@ -637,6 +637,7 @@ def run_hot(f, cpu, mg, atol, runs=4):
             assert torch_mgpu.wait_for_compiles(300)
     return torch_mgpu.last_plan()
 
+
 def test_parts_that_wait_for_each_other_across_the_lanes(tiered, no_trial, two_lanes):
     # Two stages of two towers each, the second stage reading both towers
     # of the first: parts on each lane wait for the other lane's earlier
@@ -695,3 +696,47 @@ def test_a_trunk_read_by_heads_on_both_lanes_is_a_part_of_its_own(tiered, no_tri
     assert plan.tier == 1, torch_mgpu._C._tier_last_error()
     assert " parts on 2 lanes" in plan.compiled, plan.compiled
     assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]
+
+
+def test_a_trial_whose_constants_never_match_ends_in_tier_0(tiered):
+    # clamp's bound is compiled in; from the compile on it changes every
+    # run, so the compiled code never matches: the trial gives up after its
+    # runs (tier 0 all along) instead of staying on trial for ever.
+    x = torch.randn(8, 8)
+    xm = x.to("mgpu")
+
+    def f(t, lo):
+        return torch.clamp(torch.cos(t), min=lo) * 3
+
+    for _ in range(2):
+        f(xm, -0.5).cpu()
+    assert torch_mgpu.wait_for_compiles(300)
+    tiers = []
+    for k in range(26):
+        lo = -0.4 + k * 0.01
+        torch.testing.assert_close(f(xm, lo).cpu(), f(x, lo), rtol=1e-4, atol=1e-5)
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert set(tiers) == {0}
+    assert "could not be timed in its trial" in torch_mgpu._C._tier_last_error()
+    f(xm, -0.5).cpu()  # the value compiled in: the code was let go of
+    assert torch_mgpu.last_plan().tier == 0
+
+
+def test_code_compiled_for_two_lanes_runs_in_tier_0_on_one(tiered, no_trial, two_lanes):
+    cpu = tower_inputs(3, 288)
+    mg = [t.to("mgpu") for t in cpu]
+    plan = run_hot(towers, cpu, mg, atol=1e-3)
+    assert plan.tier == 1 and " parts on 2 lanes" in plan.compiled, plan.compiled
+    before = tier1_stats()
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=1)
+    want = towers(*cpu)
+    for w, t in zip(want, towers(*mg)):
+        torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
+    # Not called on lanes it was not compiled for (it would fail and be dropped).
+    assert torch_mgpu.last_plan().tier == 0
+    assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2)
+    want = towers(*cpu)
+    for w, t in zip(want, towers(*mg)):
+        torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
+    assert torch_mgpu.last_plan().tier == 1

@@ -31,3 +31,27 @@ def test_compiled_parts_run_on_the_streams_of_a_gpu(tiered, no_trial):
         print("tier 1 on CUDA lanes:", torch_mgpu.last_plan().compiled)
     finally:
         torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
+def test_a_device_argument_compiles_for_the_gpu(tiered, no_trial):
+    # A tensor made in the graph (device="mgpu", recorded as the host) is
+    # made on the lanes' GPU by the compiled code, as tier 0 makes it.
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=2)
+    try:
+        x = torch.randn(64, 64)
+        xm = x.to("mgpu")
+
+        def f(t):
+            return torch.tanh(t) * torch.full((64,), 2.0, device=t.device) + torch.arange(64, device=t.device)
+
+        tiers = []
+        for k in range(4):
+            torch.testing.assert_close(f(xm).cpu(), f(x), rtol=1e-4, atol=1e-4)
+            tiers.append(torch_mgpu.last_plan().tier)
+            if k == 1:
+                assert torch_mgpu.wait_for_compiles(600)
+        assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    finally:
+        torch_mgpu.configure(**torch_mgpu._configuration_of(*before))

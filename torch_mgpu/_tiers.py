@@ -82,6 +82,9 @@ def replay_fn(req, subst=None):
     written in place as its flat bytes. `subst`: (node, argument) -> a
     value traced in place of that constant."""
     subst = subst or {}
+    # A device argument was recorded as the host (mgpu's values live on
+    # the lanes): the lanes' device, as tier 0 runs it.
+    lanes_device = torch.device(req.get("device", "cpu"))
     n_leaves = len(req["leaves"])
     nodes = req["nodes"]
     roots = req["roots"]
@@ -157,6 +160,8 @@ def replay_fn(req, subst=None):
             for k, (name, kwarg_only, (kind, value)) in enumerate(node["args"]):
                 if kind == "c":
                     a = subst.get((i, k), value)
+                    if isinstance(a, torch.device) and a.type == "cpu":
+                        a = lanes_device
                 elif kind == "t":
                     a = tensor(value)
                 else:

@@ -46,21 +46,10 @@ std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
   // Small: not worth a piece's call, or a sliver of the whole graph.
   auto groups = plan::group_nodes(cost, preds, std::max(cm.partition_call_s, total / (16.0 * lanes)), siblings);
   if (groups.size() < 2) return {all};
-  std::vector<int> group_of(n, -1);
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int i : groups[k]) group_of[static_cast<size_t>(i)] = static_cast<int>(k);
-  std::vector<double> seconds(groups.size(), cm.partition_call_s);
-  std::vector<std::vector<int>> group_preds(groups.size());
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int i : groups[k]) {
-      seconds[k] += cost[static_cast<size_t>(i)];
-      for (int p : preds[static_cast<size_t>(i)]) {
-        const int d = group_of[static_cast<size_t>(p)];
-        auto& gp = group_preds[k];
-        if (d != static_cast<int>(k) && std::find(gp.begin(), gp.end(), d) == gp.end()) gp.push_back(d);
-      }
-    }
-  const auto sched = plan::schedule_tasks(topology_for(lanes), cm, plan::make_tasks(std::move(seconds), group_preds));
+  PricedPieces priced = price_pieces(groups, cost, preds);
+  for (double& s : priced.seconds) s += cm.partition_call_s;
+  const auto sched =
+      plan::schedule_tasks(topology_for(lanes), cm, plan::make_tasks(std::move(priced.seconds), priced.preds));
   lane_of = sched.lane_of;
   makespan = sched.makespan;
   return groups;
@@ -77,6 +66,26 @@ std::vector<std::vector<int>> split_groups(const std::vector<double>& cost, cons
   std::vector<int> all(cost.size());
   for (size_t k = 0; k < cost.size(); ++k) all[k] = static_cast<int>(k);
   return {all};
+}
+
+PricedPieces price_pieces(const std::vector<std::vector<int>>& pieces, const std::vector<double>& cost,
+                          const std::vector<std::vector<int>>& preds) {
+  PricedPieces out;
+  out.piece_of.assign(cost.size(), -1);
+  for (size_t k = 0; k < pieces.size(); ++k)
+    for (int i : pieces[k]) out.piece_of[static_cast<size_t>(i)] = static_cast<int>(k);
+  out.seconds.assign(pieces.size(), 0.0);
+  out.preds.assign(pieces.size(), {});
+  for (size_t k = 0; k < pieces.size(); ++k)
+    for (int i : pieces[k]) {
+      out.seconds[k] += cost[static_cast<size_t>(i)];
+      for (int p : preds[static_cast<size_t>(i)]) {
+        const int d = out.piece_of[static_cast<size_t>(p)];
+        auto& pp = out.preds[k];
+        if (d >= 0 && d != static_cast<int>(k) && std::find(pp.begin(), pp.end(), d) == pp.end()) pp.push_back(d);
+      }
+    }
+  return out;
 }
 
 bool worth_splitting(double makespan, double total) {

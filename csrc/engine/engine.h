@@ -66,6 +66,18 @@ double partition_makespan(std::vector<double> seconds, const std::vector<std::ve
 std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
                                               const std::vector<std::vector<int>>& preds, int lanes,
                                               std::vector<int>& lane_of, double& makespan, bool siblings);
+// A graph's nodes (`cost[k]` seconds, reading the earlier nodes
+// `preds[k]`) taken in pieces (`pieces`: node indices, each node in at most
+// one): each piece's seconds (its nodes' sum), the pieces it reads (none
+// twice, never itself) and each node's piece (-1: none), for a schedule of
+// the pieces (plan::make_tasks).
+struct PricedPieces {
+  std::vector<double> seconds;
+  std::vector<std::vector<int>> preds;
+  std::vector<int> piece_of;  // by node
+};
+PricedPieces price_pieces(const std::vector<std::vector<int>>& pieces, const std::vector<double>& cost,
+                          const std::vector<std::vector<int>>& preds);
 // Whether pieces predicted to take `makespan` on the lanes beat running
 // work of `total` seconds as one piece (by plan::kMinSplitGain).
 bool worth_splitting(double makespan, double total);

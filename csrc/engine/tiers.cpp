@@ -35,6 +35,10 @@ namespace {
 
 constexpr int kTrialRuns = 3;       // timed tier-1 runs (after an untimed first) that decide
 constexpr size_t kTier0Runs = 5;    // tier-0 times kept to compare with
+// Runs a trial takes at most: a way whose constants compiled in never
+// match the graph's (each way lifts its own) gets no times; the trial then
+// decides over the ways that have them.
+constexpr int kMaxTrialRuns = 24;
 constexpr double kMargin = 1.05;    // tier 1 is kept only if this much faster
 constexpr size_t kMaxEntries = 256; // graphs remembered; the least recently used goes
 // Kept code whose recent runs (the median of this many) take this many
@@ -57,6 +61,7 @@ struct Entry {
   std::vector<std::shared_ptr<const CompiledGraph>> trial;
   std::vector<int> trial_calls;
   std::vector<std::vector<double>> trial_seconds;
+  int trial_runs = 0;          // runs since the trial began, in either tier
   std::vector<double> tier0;   // seconds
   std::vector<double> recent;  // kept code's latest runs
   double kept_median = 0;      // its trial's median
@@ -295,6 +300,7 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
   const c10::Device device = l.places[0].device;
   if (!device.is_cpu() && !device.is_cuda()) return "lanes off the host and CUDA";
   for (const auto& p : l.places) {
+    if (p.remote) return "lanes on another rank";
     if (p.device != device) return "lanes on more than one device";
     if (p.streams != l.places[0].streams) return "stream lanes beside host lanes";
   }
@@ -428,10 +434,11 @@ std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::ve
 // The parts of `g` worth compiling apart and running side by side on the
 // lanes: torch.compile's groups (engine.h's schedule_groups, the ops priced
 // by the plan's model), each on the lane the list schedule gives it, a
-// lane's groups joined into parts (join_along_lanes). Empty where the parts
-// are not predicted to beat one piece (each paying a call), or there are
-// more than kMaxParts.
-std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l, std::vector<int>& part_lane) {
+// lane's groups joined into parts (join_along_lanes); `part_of` each node's
+// part. Empty where the parts are not predicted to beat one piece (each
+// paying a call), or there are more than kMaxParts.
+std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l, std::vector<int>& part_lane,
+                                              std::vector<int>& part_of) {
   part_lane.clear();
   const int lanes = static_cast<int>(l.topo.lanes.size());
   if (lanes < 2 || g.size() < 2 || g.deps.size() != g.size()) return {};
@@ -448,30 +455,19 @@ std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l
   if (parts.size() < 2 || parts.size() > kMaxParts) return {};
   // The parts' own schedule: each pays one call, and waits for the parts
   // it reads and its lane's previous part.
-  std::vector<int> part_of(g.size(), -1);
+  PricedPieces priced = price_pieces(parts, cost, g.deps);
   for (size_t c = 0; c < parts.size(); ++c)
-    for (int i : parts[c]) part_of[static_cast<size_t>(i)] = static_cast<int>(c);
-  std::vector<double> seconds(parts.size(), 0.0);
-  std::vector<std::vector<int>> preds(parts.size());
-  for (size_t c = 0; c < parts.size(); ++c) {
     for (size_t d = c; d-- > 0;)
       if (part_lane[d] == part_lane[c]) {
-        preds[c].push_back(static_cast<int>(d));
+        auto& pp = priced.preds[c];
+        if (std::find(pp.begin(), pp.end(), static_cast<int>(d)) == pp.end()) pp.push_back(static_cast<int>(d));
         break;
       }
-    for (int i : parts[c]) {
-      seconds[c] += cost[static_cast<size_t>(i)];
-      for (int d : g.deps[static_cast<size_t>(i)]) {
-        const int pd = part_of[static_cast<size_t>(d)];
-        if (pd != static_cast<int>(c) && std::find(preds[c].begin(), preds[c].end(), pd) == preds[c].end())
-          preds[c].push_back(pd);
-      }
-    }
-  }
-  if (!worth_splitting(partition_makespan(seconds, preds, lanes), total)) {
+  if (!worth_splitting(partition_makespan(priced.seconds, priced.preds, lanes), total)) {
     part_lane.clear();
     return {};
   }
+  part_of = std::move(priced.piece_of);
   return parts;
 }
 
@@ -529,12 +525,10 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
   req->key = key;
   req->varying = std::move(varying);
   req->device = l.places.at(0).device.str();
-  std::vector<int> lanes;
-  const auto parts = split_for_lanes(g, l, lanes);
+  req->streams = l.places.at(0).streams;
+  std::vector<int> lanes, part_of;
+  const auto parts = split_for_lanes(g, l, lanes, part_of);
   if (!parts.empty()) {
-    std::vector<int> part_of(g.size(), -1);
-    for (size_t c = 0; c < parts.size(); ++c)
-      for (int i : parts[c]) part_of[static_cast<size_t>(i)] = static_cast<int>(c);
     for (size_t i = 0; i < g.size(); ++i)
       for (const auto& v : g.nodes[i]->operands) {
         const int j = g.find(v.node.get());
@@ -546,6 +540,7 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
       part.lane = lanes[c];
       part.key = key;
       part.device = req->device;
+      part.streams = req->streams;
       // The varying constants of its nodes, as it numbers them.
       for (const auto& [i, k] : req->varying) {
         const auto at = std::find(part.whole_nodes.begin(), part.whole_nodes.end(), i);
@@ -718,7 +713,15 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::
         // the run).
         const runtime::Place& place = places[static_cast<size_t>(lane)];
         std::optional<c10::StreamGuard> on_stream;
-        if (place.streams) on_stream.emplace(place.stream);
+        try {
+          if (place.streams) on_stream.emplace(place.stream);
+        } catch (...) {  // a device in error: the run fails, nothing was queued
+          std::lock_guard<std::mutex> lock(m);
+          if (!error) error = std::current_exception();
+          failed = true;
+          cv.notify_all();
+          return;
+        }
         struct Drain {
           const runtime::Place& place;
           std::function<void(std::exception_ptr)> fail;
@@ -877,6 +880,8 @@ bool lay_out(const CompileRequest& req, CompiledGraph& c) {
         lay.after.push_back(it->second);
     }
   c.lanes = std::max(1, req.lanes);
+  c.device = req.device;
+  c.streams = req.streams;
   return true;
 }
 } // namespace
@@ -911,6 +916,7 @@ void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> 
     e.request.reset();
     if (trial_slot()) {
       e.state = State::Trial;
+      e.trial_runs = 0;
       e.tier0.clear();  // measured again in turns with the compiled ways
       e.trial.assign(ways.begin(), ways.end());
       e.trial_calls.assign(ways.size(), 0);
@@ -966,6 +972,17 @@ void set_compiler_present(bool present) {
   if (present) t.stopped = false;
 }
 
+namespace {
+// Whether code compiled for some lanes may run on `l` (the same device and
+// kind of lane, and every part's lane there).
+bool fits(const CompiledGraph& c, const Lanes& l) {
+  if (l.places.empty() || c.device != l.places[0].device.str() || c.streams != l.places[0].streams) return false;
+  for (const auto& lay : c.layout)
+    if (lay.lane < 0 || static_cast<size_t>(lay.lane) >= l.places.size()) return false;
+  return true;
+}
+} // namespace
+
 std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, int caller_threads, TierRun& run) {
   if (compile_hits() == 0) return std::nullopt;
   run.key = key_of(g);
@@ -998,11 +1015,13 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   if (!eligible(g, l)) return std::nullopt;
   size_t pick = ways.size();
   for (size_t j = 0; j < ways.size(); ++j)
-    if (fixed_hash(g, ways[j]->lifted) == ways[j]->fixed && (pick == ways.size() || calls[j] < calls[pick])) pick = j;
+    if (fits(*ways[j], l) && fixed_hash(g, ways[j]->lifted) == ways[j]->fixed &&
+        (pick == ways.size() || calls[j] < calls[pick]))
+      pick = j;
   if (pick < ways.size() && calls[pick] > tier0_runs + 1) return std::nullopt;  // tier 0's turn
   if (pick < ways.size()) compiled = ways[pick];
-  // Other values of the constants compiled in: tier 0.
-  if (!compiled || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
+  // Other values of the constants compiled in, or other lanes: tier 0.
+  if (!compiled || !fits(*compiled, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
     // The compiled loops have their threads; the kernels they call (a
     // product) take this thread's, as they would on the syncing thread. A
@@ -1020,6 +1039,7 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     runtime::counters().tier1_runs++;
     return r;
   } catch (const std::exception& e) {
+    run.failed = true;
     // Nothing was written: tier 0 runs the graph and raises what it raises.
     // The compiled code is let go of after the lock (its deleter takes the
     // GIL, and a fork holds the GIL while it takes t.m).
@@ -1053,12 +1073,26 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
 // Ends a trial once every way and tier 0 have their timed runs: the
 // fastest way is kept if it beats tier 0, else the graph stays in tier 0.
 void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
-  if (e.tier0.size() < static_cast<size_t>(kTrialRuns)) return;
-  for (const auto& times : e.trial_seconds)
-    if (static_cast<int>(times.size()) < kTrialRuns) return;
-  // Every way timed: the fastest against tier 0.
-  size_t best = 0;
-  for (size_t j = 1; j < e.trial.size(); ++j)
+  const bool out_of_runs = ++e.trial_runs >= kMaxTrialRuns;
+  std::vector<size_t> timed;  // the ways with their timed runs
+  for (size_t j = 0; j < e.trial.size(); ++j) {
+    if (static_cast<int>(e.trial_seconds[j].size()) >= kTrialRuns) timed.push_back(j);
+    else if (!out_of_runs) return;
+  }
+  const bool tier0_timed = e.tier0.size() >= static_cast<size_t>(kTrialRuns);
+  if (!tier0_timed && !out_of_runs) return;
+  if (timed.empty() || !tier0_timed) {
+    e.state = State::Rejected;
+    if (e.compiled) dropped.push_back(std::move(e.compiled));
+    t.last_error = "compiled code could not be timed in its trial (constants compiled in that never matched the graph's)";
+    runtime::counters().tier1_rejected++;
+    for (auto& c : e.trial) dropped.push_back(std::move(c));
+    e.trial.clear();
+    return;
+  }
+  // Every way timed (or those that could be): the fastest against tier 0.
+  size_t best = timed[0];
+  for (size_t j : timed)
     if (median(e.trial_seconds[j]) < median(e.trial_seconds[best])) best = j;
   const double best_s = median(e.trial_seconds[best]);
   const bool faster = best_s * kMargin < median(e.tier0);
@@ -1073,7 +1107,7 @@ void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const Compiled
     runtime::counters().tier1_rejected++;
   }
   std::string times;
-  for (size_t j = 0; j < e.trial.size(); ++j)
+  for (size_t j : timed)
     times += std::string(e.trial[j]->parts.size() == 1 ? "whole " : "parts ") +
         std::to_string(median(e.trial_seconds[j]) * 1e6) + " us, ";
   e.choice = "measured " + times + "tier 0 " + std::to_string(median(e.tier0) * 1e6) + " us";
@@ -1112,12 +1146,11 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     if (e.state != State::Trial) return;
     const size_t k = static_cast<size_t>(std::find(e.trial.begin(), e.trial.end(), run.compiled) - e.trial.begin());
     if (k == e.trial.size()) return;
-    if (e.trial_calls[k]++ == 0) return;  // the first call is cold
-    e.trial_seconds[k].push_back(seconds);
+    if (e.trial_calls[k]++ != 0) e.trial_seconds[k].push_back(seconds);  // the first call is cold
     finish_trial(t, e, dropped);
     return;
   }
-  if (failed) return;  // an error is no measure of the graph
+  if (failed || run.failed) return;  // an error is no measure of the graph (nor a failed compiled call's time)
   if (e.state == State::Rejected || e.state == State::Kept) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
@@ -1128,6 +1161,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   if (e.state == State::Remeasure) {
     if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
       e.state = State::Trial;
+      e.trial_runs = 0;
       e.choice.clear();
       e.trial = {e.compiled};
       e.trial_calls = {1};  // warm: no untimed run

@@ -7,7 +7,9 @@
 // independent branches, one per part: see below). Later syncs of that graph
 // run the compiled code (tier 1), first as a trial in which the compiled ways
 // and tier 0 take turns: the fastest way is kept only if it measures faster
-// than tier 0 in the same trial, else the graph stays in tier 0. A
+// than tier 0 in the same trial, else the graph stays in tier 0 (a second
+// trial of kept code that slowed down times it against the tier-0 runs
+// just made). A
 // compiled function is pure (it writes no input), so a run that fails is
 // run again in tier 0, which raises what it would have raised.
 //
@@ -68,6 +70,7 @@ struct CompileRequest {
   std::vector<CompileRequest> parts;  // empty: the graph compiles whole
   int lanes = 1;                      // lanes the parts run on (their loops share the cores)
   std::string device = "cpu";         // where the lanes run: the compiled code's device ("cpu", "cuda:0")
+  bool streams = false;               // the lanes are streams (events between parts)
 };
 
 // What the compiler returns, per part (the whole graph is one part): inputs
@@ -103,6 +106,10 @@ struct CompiledGraph {
   std::vector<std::pair<int, int>> lifted;
   uint64_t fixed = 0;
   int lanes = 1;
+  // The lanes it was compiled for (install_compiled, from the request):
+  // other lanes run the graph in tier 0.
+  std::string device = "cpu";
+  bool streams = false;
   double compile_s = 0;
   std::string description;  // for last_plan()
 };
@@ -141,6 +148,7 @@ struct TierRun {
   uint64_t key = 0;
   std::shared_ptr<const CompiledGraph> compiled;  // tier 1 ran with it
   std::string choice;  // kept code: what its trial measured (each way compiled, and tier 0)
+  bool failed = false;  // compiled code was called and threw (tier 0 then ran: no measure of either)
 };
 // `caller_threads`: the intra-op threads of the thread that synced (a
 // flight runs the compiled code with as many, as it runs a one-lane plan).
