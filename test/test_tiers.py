@@ -551,12 +551,7 @@ def test_a_trial_times_the_whole_graph_and_its_parts_and_keeps_the_faster(tiered
     cpu = tower_inputs(1, 384)
     mg = [t.to("mgpu") for t in cpu]
     before = tier1_stats()
-    for k in range(14):
-        want = towers(*cpu)
-        for w, t in zip(want, towers(*mg)):
-            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
+    run_hot(towers, cpu, mg, atol=1e-4, runs=14)
     after = tier1_stats()
     assert after["tier1_compiled"] - before["tier1_compiled"] == 1
     # Each way had a cold call and three timed ones, in turns with three
