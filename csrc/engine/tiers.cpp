@@ -705,6 +705,14 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::
     std::condition_variable cv;
     at::ThreadLocalState tls;
     std::vector<std::function<void()>> jobs;
+    // A lane's failure (the first one is raised): the others stop before
+    // their next part.
+    const std::function<void(std::exception_ptr)> fail = [&](std::exception_ptr e) {
+      std::lock_guard<std::mutex> lock(m);
+      if (!error) error = std::move(e);
+      failed = true;
+      cv.notify_all();
+    };
     for (int lane : slots)
       jobs.emplace_back([&, lane] {
         at::ThreadLocalStateGuard guard(tls);
@@ -716,15 +724,12 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::
         try {
           if (place.streams) on_stream.emplace(place.stream);
         } catch (...) {  // a device in error: the run fails, nothing was queued
-          std::lock_guard<std::mutex> lock(m);
-          if (!error) error = std::current_exception();
-          failed = true;
-          cv.notify_all();
+          fail(std::current_exception());
           return;
         }
         struct Drain {
           const runtime::Place& place;
-          std::function<void(std::exception_ptr)> fail;
+          const std::function<void(std::exception_ptr)>& fail;
           ~Drain() {
             if (!place.streams) return;
             try {
@@ -735,12 +740,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::
               fail(std::current_exception());
             }
           }
-        } drain{place, [&](std::exception_ptr e) {
-                  std::lock_guard<std::mutex> lock(m);
-                  if (!error) error = e;
-                  failed = true;
-                  cv.notify_all();
-                }};
+        } drain{place, fail};
         for (size_t p = 0; p < c.parts.size(); ++p) {
           if (c.layout[p].lane != lane) continue;
           {
@@ -757,10 +757,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::
           try {
             vals.run(c, p);
           } catch (...) {
-            std::lock_guard<std::mutex> lock(m);
-            if (!error) error = std::current_exception();
-            failed = true;
-            cv.notify_all();
+            fail(std::current_exception());
             return;
           }
           std::lock_guard<std::mutex> lock(m);
