@@ -101,11 +101,32 @@ class Config:
     lanes_per_device: int
     policy: str = "auto"
     async_ops: int = 0           # background flights after this many pending ops (0: off)
+    # Tier 1: the program runs three times on mgpu, the third run's values
+    # are compared. The first two make each of its graphs hot (a graph is
+    # compiled once its second run showed which constants vary); the
+    # graphs are compiled (waited for) and the third run calls the compiled
+    # code, with no trial against tier 0 (it would run tier 0 in turns).
+    tier1: bool = False
 
     def setup_lines(self):
-        return [f"torch_mgpu.configure(devices={list(self.devices)!r}, "
-                f"lanes_per_device={self.lanes_per_device}, policy={self.policy!r})",
-                f"torch_mgpu.set_async_ops({self.async_ops})"]
+        lines = [f"torch_mgpu.configure(devices={list(self.devices)!r}, "
+                 f"lanes_per_device={self.lanes_per_device}, policy={self.policy!r})",
+                 f"torch_mgpu.set_async_ops({self.async_ops})"]
+        if self.tier1:
+            lines += ["torch_mgpu.configure(compile=1)", "torch_mgpu._C._set_tier_trial(False)"]
+        return lines
+
+    def warm_up_lines(self, indent=""):
+        """For tier 1: the script's lines that run the program once on mgpu
+        and wait for its graphs to compile (a statement that raises there
+        raises in the run that counts too)."""
+        if not self.tier1:
+            return []
+        return [f"{indent}for _ in range(2):  # tier 0, read as below: its graphs get hot", f"{indent}    try:",
+                f'{indent}        hot = program("mgpu")',
+                f"{indent}        if isinstance(hot, torch.Tensor):", f"{indent}            hot.cpu()",
+                f"{indent}        torch_mgpu.synchronize()", f"{indent}    except Exception:", f"{indent}        pass",
+                f"{indent}assert torch_mgpu.wait_for_compiles(600)"]
 
 
 CONFIGS = (
@@ -114,6 +135,11 @@ CONFIGS = (
     Config("2 virtual devices", ("cpu", "cpu"), 1, policy="heft"),
     Config("2 lanes, flights of 3", ("cpu",), 2, async_ops=3),
 )
+# Not among the defaults: each program's graphs are compiled by inductor
+# (seconds each). `--configs 4`.
+TIER1_WARM_UP = 2
+TIER1 = Config("tier 1, 2 lanes", ("cpu",), 2, tier1=True)
+ALL_CONFIGS = CONFIGS + (TIER1,)
 
 
 @contextlib.contextmanager
@@ -122,17 +148,48 @@ def configured(cfg):
     async_ops that were set before. Errors left pending by the block (an
     error mgpu defers, in a program) are dropped."""
     saved, saved_async = torch_mgpu.configuration(), torch_mgpu.async_ops()
+    saved_hits = torch_mgpu._C._tier_compile_hits()
     torch_mgpu.synchronize()
     try:
         torch_mgpu.configure(devices=list(cfg.devices), lanes_per_device=cfg.lanes_per_device,
                              policy=cfg.policy)
         torch_mgpu.set_async_ops(cfg.async_ops)
+        if cfg.tier1:
+            torch_mgpu.configure(compile=1)
+            torch_mgpu._C._set_tier_trial(False)
         yield
     finally:
         with contextlib.suppress(Exception):
             torch_mgpu.synchronize()
+        if cfg.tier1:
+            torch_mgpu.wait_for_compiles(600)
+            torch_mgpu._C._set_tier_trial(True)
+        torch_mgpu.configure(compile=saved_hits)
         torch_mgpu.configure(**saved)
         torch_mgpu.set_async_ops(saved_async)
+
+
+# Of the tier-1 runs that count (the second ones): the syncs that ran
+# compiled code, and all their syncs (what a run compares in tier 1).
+TIER1_SYNCS = {"compiled": 0, "all": 0}
+
+
+def run_mgpu(prog, cfg):
+    """`prog` run on mgpu as `cfg` has it (inside configured(cfg)): once,
+    or for tier 1 once to make its graphs hot, then, compiled, again."""
+    if not cfg.tier1:
+        return run(prog, "mgpu")
+    for _ in range(TIER1_WARM_UP):
+        run(prog, "mgpu")
+        with contextlib.suppress(Exception):
+            torch_mgpu.synchronize()
+    torch_mgpu.wait_for_compiles(600)
+    before = torch_mgpu.stats()
+    got = run(prog, "mgpu")
+    after = torch_mgpu.stats()
+    TIER1_SYNCS["compiled"] += after["tier1_runs"] - before["tier1_runs"]
+    TIER1_SYNCS["all"] += after["syncs"] - before["syncs"]
+    return got
 
 
 # ---------------------------------------------------------------------------
@@ -1794,7 +1851,7 @@ def check(programs, configs=CONFIGS, timeout_s=None, on_config=None):
                 if timeout_s:
                     faulthandler.dump_traceback_later(timeout_s, exit=True)
                 try:
-                    got = run(prog, "mgpu")
+                    got = run_mgpu(prog, cfg)
                 finally:
                     if timeout_s:
                         faulthandler.cancel_dump_traceback_later()
@@ -1833,7 +1890,7 @@ def shrink(prog, fails, deadline=None):
 
 def mismatches_under(prog, cfg):
     with configured(cfg):
-        return against_eager(prog, run(prog, "cpu"), run(prog, "mgpu"))
+        return against_eager(prog, run(prog, "cpu"), run_mgpu(prog, cfg))
 
 
 def minimize(prog, cfg, signature, budget_s=60.0):
@@ -1842,7 +1899,7 @@ def minimize(prog, cfg, signature, budget_s=60.0):
     deadline = time.monotonic() + budget_s
 
     def fails(p):
-        return any(m.signature == signature for m in primary(p, against_eager(p, run(p, "cpu"), run(p, "mgpu"))))
+        return any(m.signature == signature for m in primary(p, against_eager(p, run(p, "cpu"), run_mgpu(p, cfg))))
 
     with configured(cfg):
         return shrink(prog, fails, deadline)
@@ -1879,14 +1936,15 @@ def render(prog, m, cfg, fails_under=()):
         else:
             lines.append(f"    {st.src}")
     lines.append("")
+    warm_up = cfg.warm_up_lines()
     if error:
-        lines += ["", 'for dev in ("cpu", "mgpu"):', "    try:", "        program(dev)",
+        lines += [""] + warm_up + ['for dev in ("cpu", "mgpu"):', "    try:", "        program(dev)",
                   '        print(dev, "-> no exception")', "    except Exception as e:",
                   '        print(dev, "->", type(e).__name__, e)']
     elif m.kind == "sync":
-        lines += ["", 'program("cpu")', 'program("mgpu")', "torch_mgpu.synchronize()  # raises on mgpu"]
+        lines += ["", 'program("cpu")'] + warm_up + ['program("mgpu")', "torch_mgpu.synchronize()  # raises on mgpu"]
     else:
-        lines[-1:] = [f"    return {m.name}", "", "", 'expected = program("cpu")', 'actual = program("mgpu")']
+        lines[-1:] = [f"    return {m.name}", "", "", 'expected = program("cpu")'] + warm_up + ['actual = program("mgpu")']
         expected = ref.values.get(m.name)
         if m.kind == "metadata" and isinstance(expected, torch.Tensor):
             lines += ['print("cpu: ", expected.dtype, tuple(expected.shape), expected.requires_grad)',
@@ -1912,22 +1970,28 @@ def render_crash(prog, cfg, what):
     ref = run(prog, "cpu")
     lines = [f"# difffuzz seed {prog.seed}, {cfg.name}: {what}", "import torch", "import torch_mgpu", ""]
     lines += cfg.setup_lines() + ["", 'dev = "mgpu"']
+    body = []
     for st, step in zip(prog.stmts, ref.steps):
         if isinstance(step, Raised):
-            lines += ["try:", f"    {st.src}", "except Exception:", f"    pass  # cpu: {step.cls.__name__}"]
+            body += ["try:", f"    {st.src}", "except Exception:", f"    pass  # cpu: {step.cls.__name__}"]
         else:
-            lines.append(st.src)
+            body.append(st.src)
     names = [n for names in prog.defs for n in names]
-    lines += [f"for name in {tuple(names)!r}:", "    value = globals().get(name)",
-              "    if isinstance(value, torch.Tensor):", "        value.detach().cpu()",
-              "torch_mgpu.synchronize()"]
+    body += [f"for name in {tuple(names)!r}:", "    value = globals().get(name)",
+             "    if isinstance(value, torch.Tensor):", "        value.detach().cpu()",
+             "torch_mgpu.synchronize()"]
+    if cfg.tier1:  # three times: tier 0 makes the graphs hot, the third round runs them compiled
+        lines += ['for round in ("tier 0", "tier 0", "tier 1"):'] + ["    " + b for b in body]
+        lines += ['    if round == "tier 0":', "        assert torch_mgpu.wait_for_compiles(600)"]
+    else:
+        lines += body
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------
 # Fuzzing loop and report
 
-CONFIG_INDEX = {c.name: i for i, c in enumerate(CONFIGS)}
+CONFIG_INDEX = {c.name: i for i, c in enumerate(ALL_CONFIGS)}
 
 
 @dataclasses.dataclass(repr=False)
@@ -1968,6 +2032,7 @@ class Report:
     groups: dict = dataclasses.field(default_factory=dict)
     failing_seeds: dict = dataclasses.field(default_factory=dict)   # seed -> [(config name, mismatch)]
     crashes: list = dataclasses.field(default_factory=list)
+    tier1_syncs: dict = dataclasses.field(default_factory=lambda: {"compiled": 0, "all": 0})
 
     def __repr__(self):
         return (f"Report({self.programs} programs, {self.mismatching_programs} mismatching, "
@@ -1992,9 +2057,11 @@ class Report:
                 g.where = (seed, config_name)
             g.configs.add(config_name)
 
-    def checked(self, seeds, runs):
+    def checked(self, seeds, runs, tier1_syncs=None):
         self.programs += len(seeds)
         self.runs += runs
+        for k, n in (tier1_syncs or {}).items():
+            self.tier1_syncs[k] += n
         self.seeds = [min(self.seeds[:1] + list(seeds)), max(self.seeds[1:] + list(seeds))]
 
     def by_size(self):
@@ -2005,6 +2072,9 @@ class Report:
         crashes = f"; {len(self.crashes)} crashes or hangs" if self.crashes else ""
         out = [f"difffuzz: {self.programs} programs ({span}), {self.runs} mgpu runs, {self.seconds:.1f} s; "
                f"{self.mismatching_programs} mismatching programs in {len(self.groups)} groups{crashes}"]
+        if self.tier1_syncs["all"]:
+            out[0] += (f"; tier 1 ran {self.tier1_syncs['compiled']} of the {self.tier1_syncs['all']} syncs "
+                       "of the compiled runs")
         for k, g in enumerate(self.by_size(), 1):
             seeds = ", ".join(map(str, g.seeds[:12])) + (", ..." if len(g.seeds) > 12 else "")
             out.append(f"\n[{k}] {g.signature[0]} mismatch at {g.signature[1]}: {len(g.seeds)} programs "
@@ -2046,8 +2116,9 @@ def fuzz(seeds, configs=CONFIGS, *, seconds=None, batch=16, max_stmts=24, minimi
         if not chunk:
             break
         progs = [generate(s, max_stmts) for s in chunk]
+        before = dict(TIER1_SYNCS)
         found, runs = check(progs, configs, timeout_s)
-        report.checked(chunk, runs)
+        report.checked(chunk, runs, {k: TIER1_SYNCS[k] - before[k] for k in before})
         for prog in progs:
             for cfg, ms in found.get(prog.seed, ()):
                 ms = primary(prog, ms)
@@ -2067,7 +2138,7 @@ def fuzz(seeds, configs=CONFIGS, *, seconds=None, batch=16, max_stmts=24, minimi
                 break
             seed, cfg_name = g.where
             prog = generate(seed, max_stmts)
-            g.reproducer, g.minimized_len = minimize_group(prog, CONFIGS[CONFIG_INDEX[cfg_name]], g.signature,
+            g.reproducer, g.minimized_len = minimize_group(prog, ALL_CONFIGS[CONFIG_INDEX[cfg_name]], g.signature,
                                                            configs, left)
             g.original_len = len(prog)
     report.seconds = time.monotonic() - start
@@ -2110,12 +2181,13 @@ def run_worker(args, configs):
             break
         emit(batch=chunk)
         progs = [generate(s, args.max_stmts) for s in chunk]
+        before = dict(TIER1_SYNCS)
         found, runs = check(progs, configs, args.timeout, on_config=lambda c: emit(config=c.name))
         # A run whose every difference is accounted for (an error deferred to
         # a sync, and what follows from it) is not a failure.
         failures = [{"seed": p.seed, "config": cfg.name, "mismatches": [dataclasses.asdict(m) for m in kept]}
                     for p in progs for cfg, ms in found.get(p.seed, ()) for kept in [primary(p, ms)] if kept]
-        emit(done=chunk, runs=runs, failures=failures)
+        emit(done=chunk, runs=runs, failures=failures, tier1_syncs={k: TIER1_SYNCS[k] - before[k] for k in before})
     return 0
 
 
@@ -2123,7 +2195,7 @@ def run_minimize(args):
     """--minimize: shrinks program --seed for signature --kind/--tag under
     --config, reporting the reproducer as an event."""
     prog = generate(args.seed, args.max_stmts)
-    cfg = CONFIGS[args.config]
+    cfg = ALL_CONFIGS[args.config]
     text, size = minimize_group(prog, cfg, (args.kind, args.tag), CONFIGS, args.minimize_seconds)
     emit(reproducer=text, minimized_len=size, original_len=len(prog))
     return 0
@@ -2135,8 +2207,9 @@ def run_exec(args):
     prog = generate(args.seed, args.max_stmts)
     if args.keep is not None:
         prog = prog.keep({int(i) for i in args.keep.split(",") if i})
-    with configured(CONFIGS[args.config]):
-        run(prog, "mgpu")
+    cfg = ALL_CONFIGS[args.config]
+    with configured(cfg):
+        run_mgpu(prog, cfg)
     return 0
 
 
@@ -2163,7 +2236,7 @@ def shrink_crash(args, crash, budget_s):
         crash.what += " (not reproduced alone)"
         return
     small = shrink(prog, crashes, deadline)
-    crash.reproducer = render_crash(small, CONFIGS[cfg_index], crash.what)
+    crash.reproducer = render_crash(small, ALL_CONFIGS[cfg_index], crash.what)
     crash.minimized_len, crash.original_len = len(small), len(prog)
 
 
@@ -2201,7 +2274,7 @@ def supervise(args, configs):
             elif "config" in event:
                 config = event["config"]
             elif "done" in event:
-                report.checked(event["done"], event["runs"])
+                report.checked(event["done"], event["runs"], event.get("tier1_syncs"))
                 for f in event["failures"]:
                     report.add(f["seed"], f["config"], [Mismatch(**m) for m in f["mismatches"]])
                 done_upto = max(done_upto, max(event["done"]) + 1)
@@ -2260,8 +2333,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, help="first seed (default: 0 with --programs, else from the clock, "
                    "past HALF_SEEDS)")
     p.add_argument("--max-stmts", type=int, default=24, help="longest program (default 24)")
-    p.add_argument("--configs", help="comma-separated indices into CONFIGS (default: all): " +
-                   "; ".join(f"{i}: {c.name}" for i, c in enumerate(CONFIGS)))
+    p.add_argument("--configs", help=f"comma-separated indices (default: 0-{len(CONFIGS) - 1}): " +
+                   "; ".join(f"{i}: {c.name}" for i, c in enumerate(ALL_CONFIGS)))
     p.add_argument("--no-minimize", action="store_true", help="report mismatches without shrinking them")
     p.add_argument("--minimize-seconds", type=float, default=60.0,
                    help="time to shrink one group (default 60; a crash gets three times that)")
@@ -2281,7 +2354,7 @@ def main(argv=None):
         args.seed = 0 if args.seconds is None else HALF_SEEDS + int(time.time()) % 1_000_000
     if args.seconds is None and args.programs is None:
         args.programs = 1 if args.show else 100
-    configs = CONFIGS if not args.configs else tuple(CONFIGS[int(i)] for i in args.configs.split(","))
+    configs = CONFIGS if not args.configs else tuple(ALL_CONFIGS[int(i)] for i in args.configs.split(","))
     faulthandler.enable()
     if args.worker:
         return run_worker(args, configs)

@@ -62,6 +62,44 @@ def test_configurations_are_restored():
     assert (torch_mgpu.configuration(), torch_mgpu.async_ops()) == state
 
 
+def test_the_tier_1_configuration_compares_compiled_runs():
+    # The third run of a program under TIER1 calls the code its first two
+    # runs made hot; the hit count and the trial are restored after.
+    hits = torch_mgpu._C._tier_compile_hits()
+    prog = Program(0, [Stmt("v0 = torch.randn((6, 5), generator=torch.Generator().manual_seed(3)).to(dev)", "input"),
+                       Stmt("v1 = (v0.t() * 0.5).tanh() + v0.t().abs()", "binary.add"),
+                       Stmt("v2 = v1.sum(0) - v1.amax(0)", "binary.sub")])
+    before = dict(difffuzz.TIER1_SYNCS)
+    found, runs = difffuzz.check([prog], configs=[difffuzz.TIER1])
+    assert found == {} and runs == 1
+    assert difffuzz.TIER1_SYNCS["compiled"] > before["compiled"]
+    assert torch_mgpu._C._tier_compile_hits() == hits
+    # A wrong compiled value is seen: the comparison is of the third run.
+    with difffuzz.configured(difffuzz.TIER1):
+        got = difffuzz.run_mgpu(prog, difffuzz.TIER1)
+    got.values["v2"] = got.values["v2"] + 1
+    assert difffuzz.compare(prog, difffuzz.run(prog, "cpu"), got)
+
+
+def test_a_tier_1_reproducer_runs_the_program_hot():
+    prog = Program(0, [Stmt("v0 = torch.tensor([1.0, 2.0, 3.0], device=dev)", "input"),
+                       Stmt("v1 = (v0 * 3).exp()", "binary.mul")])
+    m = difffuzz.Mismatch(1, "v1", "value", "binary.mul", "made up")
+    script = difffuzz.render(prog, m, difffuzz.TIER1)
+    assert "torch_mgpu.configure(compile=1)" in script and "wait_for_compiles" in script
+    crash = difffuzz.render_crash(prog, difffuzz.TIER1, "made up")
+    assert 'for round in ("tier 0", "tier 0", "tier 1"):' in crash
+    for text in (script, crash):
+        before = torch_mgpu.stats()["tier1_runs"]
+        try:
+            exec(compile(text, "<reproducer>", "exec"), {"__name__": "reproducer"})
+        finally:
+            torch_mgpu.configure(compile=False, devices=["cpu"], lanes_per_device=2)
+            torch_mgpu._C._set_tier_trial(True)
+            torch_mgpu.set_async_ops(0)
+        assert torch_mgpu.stats()["tier1_runs"] > before
+
+
 def ancestors(prog, i):
     """Statement i and those that define what it reads, transitively."""
     need, keep = set(prog.uses[i]), {i}
