@@ -120,3 +120,20 @@ def async_ops(n):
         yield
     finally:
         torch_mgpu.set_async_ops(before)
+
+
+def run_hot(f, cpu, mg=None, atol=1e-4, runs=4):
+    """Runs `f` (returning a tuple) on the CPU tensors `cpu` and on mgpu
+    (the tensors `mg`, or `cpu` moved there afresh each run) `runs` times,
+    each result against eager's; with tier 1 on, the graph gets hot after
+    two runs, whose compiles are waited for. Returns the tier of each run."""
+    tiers = []
+    for k in range(runs):
+        want = f(*cpu)
+        got = f(*(mg if mg is not None else [t.to("mgpu") for t in cpu]))
+        for w, t in zip(want, got):
+            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=atol)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    return tiers

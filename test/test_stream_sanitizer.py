@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import async_ops, random_dag_program, restore_lanes
+from conftest import async_ops, random_dag_program, restore_lanes, run_hot
 from test_parallel import check_random_dag
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -287,26 +287,12 @@ def compiled_parts():
     torch_mgpu.set_async_ops(saved)
 
 
-def run_towers_hot(xs):
-    """Runs `towers` until its compiled parts run; checks every run against
-    eager; returns the tiers that ran."""
-    want = towers(*xs)
-    tiers = []
-    for k in range(4):
-        for w, t in zip(want, towers(*[x.to("mgpu") for x in xs])):
-            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-4)
-        tiers.append(torch_mgpu.last_plan().tier)
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
-    return tiers
-
-
 def test_compiled_parts_run_on_the_stream_lanes_in_stream_order(sanitized, compiled_parts):
     # Tier 1 on stream lanes (a GPU's, here CPU lanes under the sanitizer):
     # each part queued on its lane's stream after the events of the parts
     # it reads, its inputs recorded on that stream; no race.
     xs = [torch.randn(320, 320, generator=torch.Generator().manual_seed(k)) for k in range(4)]
-    tiers = run_towers_hot(xs)
+    tiers = run_hot(towers, xs)
     assert tiers == [0, 0, 1, 1], C._tier_last_error()
     plan = torch_mgpu.last_plan()
     assert "parts on 2 lanes" in plan.compiled, plan.compiled
@@ -342,7 +328,7 @@ def test_a_dropped_event_between_compiled_parts_is_reported(compiled_parts):
     C._stream_sanitizer_start()
     try:
         xs = [torch.randn(336, 336, generator=torch.Generator().manual_seed(k)) for k in range(4)]
-        assert run_towers_hot(xs) == [0, 0, 1, 1], C._tier_last_error()
+        assert run_hot(towers, xs) == [0, 0, 1, 1], C._tier_last_error()
         assert C._stream_sanitizer_races() == []
         want = towers(*xs)
         caught = []

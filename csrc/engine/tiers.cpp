@@ -42,13 +42,13 @@ constexpr int kMaxTrialRuns = 24;
 constexpr double kMargin = 1.05;    // tier 1 is kept only if this much faster
 constexpr size_t kMaxEntries = 256; // graphs remembered; the least recently used goes
 // Kept code whose recent runs (the median of this many) take this many
-// times its trial's median goes back to tier 0 for fresh measurements, then
-// through a second trial: the machine may have got busier, or the graph's
-// inputs larger, since the code was kept.
+// times its trial's median goes through a second trial, in turns with tier
+// 0: the machine may have got busier, or the graph's inputs larger, since
+// the code was kept.
 constexpr size_t kRecentRuns = 8;
 constexpr double kSlowdown = 2.0;
 
-enum class State { Cold, Queued, Trial, Kept, Remeasure, Rejected };
+enum class State { Cold, Queued, Trial, Kept, Rejected };
 
 struct Entry {
   int hits = 0;
@@ -1069,8 +1069,10 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
 
 // Ends a trial once every way and tier 0 have their timed runs: the
 // fastest way is kept if it beats tier 0, else the graph stays in tier 0.
+// A trial that ran kMaxTrialRuns times (its runs in either tier, counted by
+// observe_tier) is decided over the ways that were timed.
 void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
-  const bool out_of_runs = ++e.trial_runs >= kMaxTrialRuns;
+  const bool out_of_runs = e.trial_runs >= kMaxTrialRuns;
   std::vector<size_t> timed;  // the ways with their timed runs
   for (size_t j = 0; j < e.trial.size(); ++j) {
     if (static_cast<int>(e.trial_seconds[j].size()) >= kTrialRuns) timed.push_back(j);
@@ -1132,8 +1134,15 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     const double now = e.recent.size() == kRecentRuns ? median(e.recent) : 0;
     if (now > kSlowdown * e.kept_median) {
       t.last_error = "compiled code slowed down (" + std::to_string(now * 1e6) + " us, " +
-          std::to_string(e.kept_median * 1e6) + " us in its trial): tier 0 is measured again for a second trial";
-      e.state = State::Remeasure;
+          std::to_string(e.kept_median * 1e6) + " us in its trial): a second trial, in turns with tier 0";
+      // Tier 0's runs of before are no measure now: the two take turns
+      // again, from the compiled code's next (warm, timed) run.
+      e.state = State::Trial;
+      e.trial_runs = 0;
+      e.choice.clear();
+      e.trial = {e.compiled};
+      e.trial_calls = {1};  // warm: no untimed run
+      e.trial_seconds = {{}};
       e.tier0.clear();
       e.recent.clear();
     }
@@ -1144,26 +1153,21 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     const size_t k = static_cast<size_t>(std::find(e.trial.begin(), e.trial.end(), run.compiled) - e.trial.begin());
     if (k == e.trial.size()) return;
     if (e.trial_calls[k]++ != 0) e.trial_seconds[k].push_back(seconds);  // the first call is cold
+    ++e.trial_runs;
     finish_trial(t, e, dropped);
     return;
   }
   if (failed || run.failed) return;  // an error is no measure of the graph (nor a failed compiled call's time)
   if (e.state == State::Rejected || e.state == State::Kept) return;
+  // The trial compares runs on the lanes its code was compiled for: a
+  // tier-0 run of the graph on other lanes (configure() changed them) is
+  // no measure of it.
+  if (e.state == State::Trial && !e.trial.empty() && !fits(*e.trial[0], l)) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
   if (e.state == State::Trial) {  // tier 0's turn in the trial
+    ++e.trial_runs;
     finish_trial(t, e, dropped);
-    return;
-  }
-  if (e.state == State::Remeasure) {
-    if (e.tier0.size() >= static_cast<size_t>(kTrialRuns)) {  // then the compiled code's second trial
-      e.state = State::Trial;
-      e.trial_runs = 0;
-      e.choice.clear();
-      e.trial = {e.compiled};
-      e.trial_calls = {1};  // warm: no untimed run
-      e.trial_seconds = {{}};
-    }
     return;
   }
   if (e.state != State::Cold) return;
