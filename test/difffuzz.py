@@ -107,6 +107,11 @@ class Config:
     # graphs are compiled (waited for) and the third run calls the compiled
     # code, with no trial against tier 0 (it would run tier 0 in turns).
     tier1: bool = False
+    # Floating values compare within assert_close's tolerances for their
+    # dtype, or these where they are looser (compiled code rounds otherwise:
+    # a batch norm over equal values gives 0 where eager gives 2e-5).
+    rtol: float = 0.0
+    atol: float = 0.0
 
     def setup_lines(self):
         lines = [f"torch_mgpu.configure(devices={list(self.devices)!r}, "
@@ -138,7 +143,7 @@ CONFIGS = (
 # Not among the defaults: each program's graphs are compiled by inductor
 # (seconds each). `--configs 4`.
 TIER1_WARM_UP = 2
-TIER1 = Config("tier 1, 2 lanes", ("cpu",), 2, tier1=True)
+TIER1 = Config("tier 1, 2 lanes", ("cpu",), 2, tier1=True, rtol=1e-4, atol=1e-4)
 ALL_CONFIGS = CONFIGS + (TIER1,)
 
 
@@ -149,8 +154,10 @@ def configured(cfg):
     error mgpu defers, in a program) are dropped."""
     saved, saved_async = torch_mgpu.configuration(), torch_mgpu.async_ops()
     saved_hits = torch_mgpu._C._tier_compile_hits()
+    saved_tolerance = dict(TOLERANCE)
     torch_mgpu.synchronize()
     try:
+        TOLERANCE.update(rtol=cfg.rtol, atol=cfg.atol)
         torch_mgpu.configure(devices=list(cfg.devices), lanes_per_device=cfg.lanes_per_device,
                              policy=cfg.policy)
         torch_mgpu.set_async_ops(cfg.async_ops)
@@ -166,6 +173,7 @@ def configured(cfg):
             torch_mgpu._C._set_tier_trial(True)
         torch_mgpu.configure(compile=saved_hits)
         torch_mgpu.configure(**saved)
+        TOLERANCE.update(saved_tolerance)
         torch_mgpu.set_async_ops(saved_async)
 
 
@@ -1592,14 +1600,24 @@ def short(t):
     return repr(t)[:120]
 
 
+# Tolerances that the configuration being compared loosens (configured()).
+TOLERANCE = {"rtol": 0.0, "atol": 0.0}
+# torch.testing.assert_close's defaults.
+_DEFAULT_TOLERANCE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+                      torch.float64: (1e-7, 1e-7), torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
+                      torch.complex128: (1e-7, 1e-7)}
+
+
 def differ(a, b):
     """Why host value `b` (mgpu) differs from `a` (cpu), or None."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape:
             return f"cpu {a.dtype}{tuple(a.shape)}, mgpu {b.dtype}{tuple(b.shape)}"
         if a.is_floating_point() or a.is_complex():
+            rtol, atol = _DEFAULT_TOLERANCE.get(a.dtype, (1e-7, 1e-7))
             try:
-                torch.testing.assert_close(b, a, equal_nan=True)
+                torch.testing.assert_close(b, a, equal_nan=True, rtol=max(rtol, TOLERANCE["rtol"]),
+                                           atol=max(atol, TOLERANCE["atol"]))
                 return None
             except AssertionError as e:
                 lines = [ln.strip() for ln in str(e).splitlines() if "mismatched" in ln.lower()]

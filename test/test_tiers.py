@@ -765,3 +765,54 @@ def test_code_compiled_for_two_lanes_runs_in_tier_0_on_one(tiered, no_trial, two
     for w, t in zip(want, towers(*mg)):
         torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
     assert torch_mgpu.last_plan().tier == 1
+
+
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm_t"])
+def test_a_view_of_a_result_laid_out_otherwise_in_the_trace(tiered, no_trial, norm):
+    # Eager's batch norm of a transposed input is contiguous (so is the
+    # recorded result); the traced decomposition keeps the input's strides.
+    # A view that reads the result by strides (reshape(-1), a slice) reads
+    # the bytes as the recording lays them out, not the traced result's
+    # (difffuzz seed 3720018: two elements swapped).
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+
+    def f(a):
+        if norm == "batch_norm":
+            y = torch.nn.functional.batch_norm(a.t(), None, None, training=True)
+        else:
+            y = torch.nn.functional.layer_norm(a.t(), (4,)) * 2.0
+        return y.reshape(-1) * 1.5, y[1:, ::2] + 1.0, y.t()[2] - 0.5
+
+    tiers = run_hot(f, [x], atol=1e-4)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_write_through_a_view_of_a_result(tiered, no_trial):
+    # A result written in place through a view other than itself (a slice
+    # of a transposed product): the write lands in its recorded bytes.
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g)
+
+    def f(a, b):
+        y = torch.nn.functional.batch_norm(a.t(), None, None, training=True) + b
+        y[:, 1:3] = -2.0
+        y.t()[0].mul_(3.0)
+        return y * 1.0, y.reshape(-1)[4:9] + 1.0
+
+    tiers = run_hot(f, [a, b], atol=1e-4)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_complex_graphs_stay_in_tier_0(tiered, no_trial):
+    # Inductor's code lost the write of a slice's fill_ into a complex tensor
+    # read transposed after it (difffuzz seed 3720218): tier 0 runs them.
+    z = torch.randn(4, 2, dtype=torch.complex64, generator=torch.Generator().manual_seed(7))
+
+    def f(z):
+        z = z.clone()
+        z[:, 0:1] = -1
+        return z.t().contiguous() * 2, z.abs().isnan()
+
+    tiers = run_hot(f, [z], atol=1e-5)
+    assert tiers == [0, 0, 0, 0]
+    assert "complex tensors" in torch_mgpu._C._tier_last_error()

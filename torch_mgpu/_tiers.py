@@ -76,6 +76,16 @@ def _contiguous(sizes, strides):
     return True
 
 
+def _tensor_refs(node):
+    """The tensor arguments of a recorded node: (operand, geometry, tag)
+    or None for a hole of a Tensor?[] list."""
+    for _, _, (kind, value) in node["args"]:
+        if kind == "t":
+            yield value
+        elif kind != "c":
+            yield from value
+
+
 def replay_fn(req, subst=None):
     """The graph as a function of its leaves' bytes (flat tensors),
     returning the roots: a fresh output as the op returned it, a storage
@@ -98,9 +108,29 @@ def replay_fn(req, subst=None):
     # Values that are new versions of a storage (in-place writes): a root
     # of them is returned as the storage's flat bytes.
     written_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated >= 0}
+    fresh_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated < 0}
 
     def run(*leaves):
-        env = {k: (leaves[k], None) for k in range(n_leaves)}  # value -> (base tensor, fresh geometry)
+        # value -> (base tensor, fresh geometry): a leaf's or a written
+        # storage's flat bytes (fresh None), or a fresh output as the op
+        # returned it, which the recording says lies in its storage as
+        # `fresh` lays it out.
+        env = {k: (leaves[k], None) for k in range(n_leaves)}
+        flat_of = {}  # fresh output -> its storage's bytes, laid out as recorded
+
+        def laid_out(v):
+            """The bytes of fresh output `v`'s storage: its values placed
+            as its recorded geometry places them. The traced op's result
+            need not be laid out so (a decomposition keeps its input's
+            strides where the CPU kernel's result is contiguous, and
+            inductor lays out its buffers as it likes), so a view that
+            reads the storage by strides reads these bytes."""
+            if v not in flat_of:
+                base, (sizes, strides, offset) = env[v]
+                flat = base.new_empty(fresh_nbytes[v] // base.element_size())
+                torch.as_strided(flat, sizes, strides, offset).copy_(base)
+                flat_of[v] = flat
+            return flat_of[v]
 
         def view(v, geom):
             base, fresh = env[v]
@@ -112,7 +142,19 @@ def replay_fn(req, subst=None):
             numel = 1
             for d in sizes:
                 numel *= d
-            if fresh is None and _contiguous(sizes, strides) and offset + numel <= base.numel():
+            if fresh is not None:
+                fsizes, fstrides, foffset = fresh
+                fnumel = 1
+                for d in fsizes:
+                    fnumel *= d
+                if (foffset == offset == 0 and numel == fnumel and _contiguous(fsizes, fstrides)
+                        and _contiguous(sizes, strides)):
+                    # The same elements in the same order (view, flatten,
+                    # unsqueeze of a contiguous result): a reshape of the
+                    # values, whatever the traced result's layout.
+                    return base.reshape(sizes)
+                base = laid_out(v)
+            if _contiguous(sizes, strides) and offset + numel <= base.numel():
                 # Views inductor follows better than as_strided.
                 return base.narrow(0, offset, numel).view(sizes)
             return torch.as_strided(base, sizes, strides, offset)
@@ -136,6 +178,11 @@ def replay_fn(req, subst=None):
                         if base.numel() != 0:
                             raise Unsupported("an out= tensor resized over bytes it had")
                         base = torch.empty(nbytes // base.element_size(), dtype=base.dtype, device=base.device)
+                    elif fresh is not None and any(r is not None and r[0] == mutated and tuple(r[1][:3]) != fresh
+                                                   for r in _tensor_refs(node)):
+                        # Written through another view than the result
+                        # itself: into its bytes, laid out as recorded (a copy).
+                        base, fresh = laid_out(v).clone(), None
                     elif v < n_leaves or last_read.get(v, -1) > i or v in root_set:
                         base = torch.clone(base)
                     written[mutated] = (base, fresh)

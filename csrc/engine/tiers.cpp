@@ -314,9 +314,16 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     for (const auto& a : n->args) {
       if (a.kind == ir::Arg::Kind::Constant && !plain_constant(a.constant))
         return no("a constant argument that is not a plain value");
-      for (const auto& t : a.tensors)
+      for (const auto& t : a.tensors) {
         if (t && (t->geom.conj || t->geom.neg)) return no("a conjugate or negative view");
+        // Inductor's code for complex tensors has lost an in-place write
+        // through a view (a slice's fill_ before the tensor was read
+        // transposed) that its FX graph keeps: tier 0 runs them.
+        if (t && c10::isComplexType(t->geom.dtype)) return no("complex tensors");
+      }
     }
+    for (const auto& o : n->outputs)
+      if (o.mutated_operand < 0 && c10::isComplexType(o.geom.dtype)) return no("complex tensors");
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
