@@ -81,6 +81,20 @@ def test_the_tier_1_configuration_compares_compiled_runs():
     assert difffuzz.compare(prog, difffuzz.run(prog, "cpu"), got)
 
 
+def test_tier_1_compares_floats_within_its_tolerance():
+    # Compiled code rounds otherwise: a batch norm over equal values gives
+    # 0 where eager's rounding leaves 2e-5 (difffuzz seed 3720244).
+    eager, compiled = torch.tensor([2.4e-5, -4.8e-6]), torch.zeros(2)
+    assert difffuzz.differ(eager, compiled)
+    with difffuzz.configured(difffuzz.TIER1):
+        assert difffuzz.differ(eager, compiled) is None
+        assert difffuzz.differ(eager, compiled + 1e-3)
+        # Never tighter than a dtype's own tolerance.
+        half = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+        assert difffuzz.differ(half, half * (1 + 2 ** -7)) is None  # one unit in the last place
+    assert difffuzz.differ(eager, compiled)
+
+
 def test_a_tier_1_reproducer_runs_the_program_hot():
     prog = Program(0, [Stmt("v0 = torch.tensor([1.0, 2.0, 3.0], device=dev)", "input"),
                        Stmt("v1 = (v0 * 3).exp()", "binary.mul")])
