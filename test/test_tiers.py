@@ -781,7 +781,7 @@ def test_a_view_of_a_result_laid_out_otherwise_in_the_trace(tiered, no_trial, no
             y = torch.nn.functional.batch_norm(a.t(), None, None, training=True)
         else:
             y = torch.nn.functional.layer_norm(a.t(), (4,)) * 2.0
-        return y.reshape(-1) * 1.5, y[1:, ::2] + 1.0, y.t()[2] - 0.5
+        return y.reshape(-1) * 1.5, y[1:, ::2] + 1.0, y.t()[2] - 0.5, y.t() * 3.0, y.unsqueeze(0).transpose(0, 2) - 1
 
     tiers = run_hot(f, [x], atol=1e-4)
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

@@ -76,6 +76,26 @@ def _contiguous(sizes, strides):
     return True
 
 
+def _permutation(fresh, geom):
+    """The order of `fresh`'s dims that `geom` is (a transpose or permute
+    of it: the same offset, each dim one of fresh's with its size and
+    stride), or None. Dims of size 1 match any stride: where they go does
+    not change which element is where."""
+    fsizes, fstrides, foffset = fresh
+    sizes, strides, offset = geom
+    if offset != foffset or len(sizes) != len(fsizes):
+        return None
+    perm, used = [], set()
+    for d, st in zip(sizes, strides):
+        j = next((j for j in range(len(fsizes)) if j not in used and fsizes[j] == d and (d == 1 or fstrides[j] == st)),
+                 None)
+        if j is None:
+            return None
+        used.add(j)
+        perm.append(j)
+    return perm
+
+
 def _tensor_refs(node):
     """The tensor arguments of a recorded node: (operand, geometry, tag)
     or None for a hole of a Tensor?[] list."""
@@ -153,6 +173,9 @@ def replay_fn(req, subst=None):
                     # unsqueeze of a contiguous result): a reshape of the
                     # values, whatever the traced result's layout.
                     return base.reshape(sizes)
+                perm = _permutation(fresh, (sizes, strides, offset))
+                if perm is not None:
+                    return base.permute(perm)  # t(), transpose, permute: by the values too
                 base = laid_out(v)
             if _contiguous(sizes, strides) and offset + numel <= base.numel():
                 # Views inductor follows better than as_strided.
