@@ -1637,7 +1637,8 @@ def differ(a, b):
                 return f"[{i}]: {why}"
         return None
     if isinstance(a, (float, complex)):
-        if (a != a and b != b) or a == b or abs(a - b) <= 1e-5 + 1e-5 * abs(a):
+        rtol, atol = max(1e-5, TOLERANCE["rtol"]), max(1e-5, TOLERANCE["atol"])
+        if (a != a and b != b) or a == b or abs(a - b) <= atol + rtol * abs(a):
             return None
         return f"cpu {a!r}, mgpu {b!r}"
     return None if a == b else f"cpu {a!r}, mgpu {b!r}"

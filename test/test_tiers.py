@@ -803,6 +803,34 @@ def test_a_write_through_a_view_of_a_result(tiered, no_trial):
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def test_a_result_written_as_itself_then_read_through_a_view(tiered, no_trial):
+    # relu_ writes the product in place as the product itself (it keeps its
+    # recorded geometry); the slice then reads its bytes laid out.
+    a = torch.randn(5, 3, generator=torch.Generator().manual_seed(6))
+
+    def f(a):
+        y = a @ a.t()
+        y.relu_()
+        z = torch.nn.functional.batch_norm(a.t(), None, None, training=True)
+        z.mul_(2.0)
+        return y[1:, :2] * 2.0, z.reshape(-1)[4:9] + 1.0
+
+    tiers = run_hot(f, [a], atol=1e-4)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_an_empty_result_resized_as_an_out_tensor(tiered, no_trial):
+    x = torch.randn(6, generator=torch.Generator().manual_seed(8))
+
+    def f(x):
+        out = x[:0] * 1.0
+        torch.mul(x, 2, out=out)
+        return out + 1, out[::2] * 3
+
+    tiers = run_hot(f, [x], atol=1e-5)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
 def test_complex_graphs_stay_in_tier_0(tiered, no_trial):
     # Inductor's code lost the write of a slice's fill_ into a complex tensor
     # read transposed after it (difffuzz seed 3720218): tier 0 runs them.

@@ -128,7 +128,8 @@ def replay_fn(req, subst=None):
     # Values that are new versions of a storage (in-place writes): a root
     # of them is returned as the storage's flat bytes.
     written_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated >= 0}
-    fresh_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated < 0}
+    # Each value's storage size (a written one's: the storage's after the write).
+    value_nbytes = {value: nbytes for n in nodes for value, _, _, nbytes, _ in n["outputs"]}
 
     def run(*leaves):
         # value -> (base tensor, fresh geometry): a leaf's or a written
@@ -139,15 +140,16 @@ def replay_fn(req, subst=None):
         flat_of = {}  # fresh output -> its storage's bytes, laid out as recorded
 
         def laid_out(v):
-            """The bytes of fresh output `v`'s storage: its values placed
-            as its recorded geometry places them. The traced op's result
+            """The bytes of the storage of `v`, a fresh output (or one
+            written in place as itself, which keeps its fresh geometry):
+            its values placed as its recorded geometry places them. The traced op's result
             need not be laid out so (a decomposition keeps its input's
             strides where the CPU kernel's result is contiguous, and
             inductor lays out its buffers as it likes), so a view that
             reads the storage by strides reads these bytes."""
             if v not in flat_of:
                 base, (sizes, strides, offset) = env[v]
-                flat = base.new_empty(fresh_nbytes[v] // base.element_size())
+                flat = base.new_empty(value_nbytes[v] // base.element_size())
                 torch.as_strided(flat, sizes, strides, offset).copy_(base)
                 flat_of[v] = flat
             return flat_of[v]
@@ -201,6 +203,7 @@ def replay_fn(req, subst=None):
                         if base.numel() != 0:
                             raise Unsupported("an out= tensor resized over bytes it had")
                         base = torch.empty(nbytes // base.element_size(), dtype=base.dtype, device=base.device)
+                        fresh = None  # new flat bytes: no longer the empty result it was
                     elif fresh is not None and any(r is not None and r[0] == mutated and tuple(r[1][:3]) != fresh
                                                    for r in _tensor_refs(node)):
                         # Written through another view than the result
