@@ -844,3 +844,22 @@ def test_complex_graphs_stay_in_tier_0(tiered, no_trial):
     tiers = run_hot(f, [z], atol=1e-5)
     assert tiers == [0, 0, 0, 0]
     assert "complex tensors" in torch_mgpu._C._tier_last_error()
+
+
+def test_a_bool_sum_with_alpha_stays_in_tier_0(tiered, no_trial):
+    # Inductor's CPU code for add(bool, bool, alpha=0) stores int64 vectors
+    # through the bool result's pointer, past its buffer: the heap was
+    # corrupted (difffuzz seed 3730162). Tier 0 runs such graphs.
+    x = torch.randn(5, 2, generator=torch.Generator().manual_seed(9))
+
+    def f(x):
+        b = x > 0
+        b.add_(b, alpha=0)
+        return b, (x * 2).sum(0)
+
+    tiers = run_hot(f, [x])
+    assert tiers == [0, 0, 0, 0]
+    assert "a sum of bool tensors with an alpha other than 1" in torch_mgpu._C._tier_last_error()
+    # A bool sum with alpha 1 (a logical or) compiles.
+    tiers = run_hot(lambda x: (torch.add(x > 0, x < 0.5), x * 3), [x])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

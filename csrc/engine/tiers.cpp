@@ -293,6 +293,24 @@ bool plain_constant(const c10::IValue& v) {
   return true;
 }
 
+// add/sub of bool tensors with an alpha other than 1: inductor's CPU code
+// for it stores int64 vectors through the bool result's pointer (eight
+// bytes per one-byte element: past its buffer, a corrupted heap).
+bool bool_sum_with_alpha(const ir::Node& n) {
+  const std::string_view name = n.name;
+  if (name.rfind("aten::add", 0) != 0 && name.rfind("aten::sub", 0) != 0) return false;
+  const auto& schema_args = n.op->schema().arguments();
+  bool has_bool = false, alpha_not_one = false;
+  for (size_t k = 0; k < n.args.size() && k < schema_args.size(); ++k) {
+    const auto& a = n.args[k];
+    for (const auto& t : a.tensors)
+      has_bool = has_bool || (t && t->geom.dtype == c10::ScalarType::Bool);
+    if (schema_args[k].name() == "alpha" && a.kind == ir::Arg::Kind::Constant && a.constant.isScalar())
+      alpha_not_one = !(a.constant.toScalar().equal(1));
+  }
+  return has_bool && alpha_not_one;
+}
+
 // Why tier 1 may not run `g` on lanes `l` (see tiers.h), or "" when it may.
 std::string ineligible(const ir::Graph& g, const Lanes& l) {
   if (g.size() < 2) return "a graph of one op";
@@ -324,6 +342,7 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     }
     for (const auto& o : n->outputs)
       if (o.mutated_operand < 0 && c10::isComplexType(o.geom.dtype)) return no("complex tensors");
+    if (bool_sum_with_alpha(*n)) return no("a sum of bool tensors with an alpha other than 1");
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
