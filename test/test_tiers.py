@@ -863,3 +863,22 @@ def test_a_bool_sum_with_alpha_stays_in_tier_0(tiered, no_trial):
     # A bool sum with alpha 1 (a logical or) compiles.
     tiers = run_hot(lambda x: (torch.add(x > 0, x < 0.5), x * 3), [x])
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0(tiered, no_trial):
+    # copy_ from a view of the tensor it writes: eager's kernel reads
+    # elements it has already written (difffuzz seed 3730403); compiled
+    # code would read them all first. Tier 0 runs such graphs.
+    v = torch.tensor([[[-3, 3], [4, -2]], [[5, 3], [4, -1]]])
+
+    def f(v):
+        v = v.clone()
+        v.copy_(v.select(1, -1))
+        return v * 2, v.roll(-2, 1)
+
+    tiers = run_hot(f, [v])
+    assert tiers == [0, 0, 0, 0]
+    assert "reads the storage it writes through another view" in torch_mgpu._C._tier_last_error()
+    # The same tensor read and written as itself compiles (`x.mul_(x)`).
+    tiers = run_hot(lambda x: (x.clone().mul_(3).add_(1) * 2,), [torch.randn(6, 2)])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

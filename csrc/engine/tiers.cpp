@@ -352,6 +352,14 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
       // writing a new tensor; one with bytes before does not.
       if (ref->geom != w.after && stored_bytes(n->operands.at(static_cast<size_t>(ref->operand))) != 0)
         return no("an out= tensor resized");
+      // A tensor written while the op reads its storage through another
+      // view (`x.copy_(x.select(1, -1))`): the kernel reads what it has
+      // already written, in its own order, and eager's result is that
+      // order's; compiled code reads everything first.
+      for (const auto& other : n->args)
+        for (const auto& t : other.tensors)
+          if (t && t->operand == ref->operand && t->geom != ref->geom)
+            return no("an op that reads the storage it writes through another view");
     }
     for (const auto& v : n->operands) {
       if (g.find(v.node.get()) >= 0) continue;
