@@ -882,3 +882,19 @@ def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0
     # The same tensor read and written as itself compiles (`x.mul_(x)`).
     tiers = run_hot(lambda x: (x.clone().mul_(3).add_(1) * 2,), [torch.randn(6, 2)])
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_product_with_zero_keeps_nan_and_inf(tiered, no_trial):
+    # `0 / x` records reciprocal(x) * 0; inductor folds a product with the
+    # integer 0 to 0, where eager's NaN * 0 and inf * 0 are NaN (difffuzz
+    # seed 3740135). The replay passes 0.0, which it leaves alone.
+    x = torch.tensor([float("nan"), 0.0, 2.0, float("inf")], dtype=torch.float64)
+
+    def f(x):
+        y = x * 1.5
+        z = x.clone()
+        z.mul_(0)
+        return 0 / y, y * 0, z, torch.arange(4) * 0
+
+    tiers = run_hot(f, [x])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

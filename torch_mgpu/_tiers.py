@@ -128,6 +128,10 @@ def replay_fn(req, subst=None):
     # Values that are new versions of a storage (in-place writes): a root
     # of them is returned as the storage's flat bytes.
     written_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated >= 0}
+    # Products whose result is floating or complex (see the integer 0 below).
+    float_products = {i for i, n in enumerate(nodes) if n["op"] in ("aten::mul", "aten::mul_") and any(
+        dt.is_floating_point or dt.is_complex
+        for dt in [o[4][3] for o in n["outputs"] if o[1] < 0] + [w[2][3] for w in n.get("written", ())])}
     # Each value's storage size (a written one's: the storage's after the write).
     value_nbytes = {value: nbytes for n in nodes for value, _, _, nbytes, _ in n["outputs"]}
 
@@ -235,6 +239,13 @@ def replay_fn(req, subst=None):
                     a = subst.get((i, k), value)
                     if isinstance(a, torch.device) and a.type == "cpu":
                         a = lanes_device
+                    elif type(a) is int and a == 0 and i in float_products:
+                        # Inductor folds a product with the integer 0 to 0,
+                        # whatever the other factor: NaN * 0 and inf * 0
+                        # would give 0, where eager gives NaN (difffuzz
+                        # seed 3740135, `0 / x`: reciprocal(x) * 0). The
+                        # float 0.0 gives the same dtype and is not folded.
+                        a = 0.0
                 elif kind == "t":
                     a = tensor(value)
                 else:
