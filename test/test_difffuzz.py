@@ -103,15 +103,21 @@ def test_a_tier_1_reproducer_runs_the_program_hot():
     assert "torch_mgpu.configure(compile=1)" in script and "wait_for_compiles" in script
     crash = difffuzz.render_crash(prog, difffuzz.TIER1, "made up")
     assert 'for round in ("tier 0", "tier 0", "tier 1"):' in crash
+    saved = (torch_mgpu.configuration(), torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits())
     for text in (script, crash):
         before = torch_mgpu.stats()["tier1_runs"]
         try:
             exec(compile(text, "<reproducer>", "exec"), {"__name__": "reproducer"})
         finally:
-            torch_mgpu.configure(compile=False, devices=["cpu"], lanes_per_device=2)
+            # The scripts configure the process as they run: as it was after.
+            torch_mgpu.synchronize()
+            torch_mgpu.wait_for_compiles(600)
+            torch_mgpu.configure(compile=saved[2])
+            torch_mgpu.configure(**saved[0])
+            torch_mgpu.set_async_ops(saved[1])
             torch_mgpu._C._set_tier_trial(True)
-            torch_mgpu.set_async_ops(0)
         assert torch_mgpu.stats()["tier1_runs"] > before
+    assert (torch_mgpu.configuration(), torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits()) == saved
 
 
 def ancestors(prog, i):
