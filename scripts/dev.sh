@@ -193,7 +193,9 @@ cuda_compile() {
 # other ranks (a worker process on the same GPU: "rank1:cuda:0"), with the
 # GPU benchmarks (benchmarks/RESULTS-gpu.md) before the remote-lane tests, the
 # longest (a lent machine's call is 10 minutes: on an H100 the build took 2,
-# the files before test_remote 4). Each test file runs in a process of its own
+# the files before test_remote 4; on an H200 on 2026-11-27 the build, the
+# files and the full benchmarks (70 s) took 8.7 minutes and test_remote was
+# cut off: pass --quick, which goes to benchmarks/gpu.py, to leave it time). Each test file runs in a process of its own
 # (a crash ends that file only; 300 s at most), with a native stack printed on
 # a fatal signal (scripts/native_backtrace.c); logs go to build-gpu/logs.
 # TORCH_MGPU_GPU_PYTHON picks another interpreter.

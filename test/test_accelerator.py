@@ -132,6 +132,18 @@ def _child_reports(after_fork):
 
 
 def test_a_forked_child_uses_mgpu_on_one_lane_and_torch_manual_seed_seeds_it():
+    # CPU lanes, whose threads a fork leaves behind (a machine with a GPU
+    # starts on its streams, and CUDA does not work in a forked child: see
+    # the test below).
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2)
+    try:
+        _fork_on_cpu_lanes()
+    finally:
+        restore_lanes(*before)
+
+
+def _fork_on_cpu_lanes():
     assert not torch.mgpu._is_in_bad_fork()
     x = torch.randn(64, 64)
     # Two independent products: a plan over both lanes starts their threads.
@@ -159,3 +171,18 @@ def test_a_forked_child_uses_mgpu_on_one_lane_and_torch_manual_seed_seeds_it():
     assert _child_reports(child) == 0
     assert not torch.mgpu._in_forked_child_with_lanes()
     assert torch.allclose(a.cpu(), x @ x) and torch.allclose(b.cpu(), (x * 2) @ x)
+
+
+def test_a_forked_child_on_gpu_lanes_is_in_a_bad_fork_as_cuda_is(monkeypatch):
+    # On a GPU's streams mgpu is CUDA: a forked child of a process that used
+    # CUDA cannot (torch.manual_seed then skips mgpu, as it skips CUDA). On
+    # CPU lanes it works in the child (the test above).
+    from torch_mgpu import device as mgpu_device
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    for lanes, bad in [(["cuda:0/stream0", "cuda:0/stream1"], True), (["cpu:0/lane0", "rank1:cuda:0/stream0"], False),
+                       (["cpu:0/lane0", "cpu:0/lane1"], False)]:
+        monkeypatch.setattr(mgpu_device._C, "lanes", lambda lanes=lanes: lanes)
+        assert torch.mgpu._is_in_bad_fork() is bad, lanes
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    monkeypatch.setattr(mgpu_device._C, "lanes", lambda: ["cuda:0/stream0"])
+    assert torch.mgpu._is_in_bad_fork() is False

@@ -239,7 +239,16 @@ def test_simulator_above_lower_bound_and_not_worse_than_heft(devices):
     auto = torch_mgpu.simulate(devices=devices, lanes_per_device=1, policy="auto")
     heft = torch_mgpu.simulate(devices=devices, lanes_per_device=1, policy="heft")
     assert torch_mgpu.pending_ops() > 0  # nothing ran
-    assert auto.lower_bound == pytest.approx(max(auto.critical_path, auto.total_work / devices))
+    # On a GPU's streams the bound is the devices' time, each kernel's by
+    # the share of the device it fills, and the lanes' launches: at most
+    # the host's bound. (A machine with a GPU starts on its streams.)
+    gpu = torch_mgpu.simulate(devices=devices, lanes_per_device=2, policy="auto", device="h100")
+    assert gpu.critical_path <= gpu.lower_bound <= max(gpu.critical_path, gpu.total_work / devices) * (1 + 1e-9)
+    host_bound = max(auto.critical_path, auto.total_work / devices)
+    if torch_mgpu.lanes()[0].startswith("cuda"):
+        assert auto.critical_path <= auto.lower_bound <= host_bound * (1 + 1e-9)
+    else:
+        assert auto.lower_bound == pytest.approx(host_bound)
     assert auto.makespan >= auto.lower_bound * 0.999
     # auto keeps one lane unless a parallel plan beats it by 5% (its margin
     # for estimates): never worse than HEFT by more than that margin.

@@ -636,6 +636,25 @@ def test_a_part_that_fails_leaves_the_graph_to_tier_0(tiered, no_trial, two_lane
     assert torch_mgpu.last_plan().tier == 0
 
 
+def test_parts_that_do_not_compile_leave_the_whole_graph_and_say_why(tiered, no_trial, two_lanes, monkeypatch):
+    # The whole graph still runs in tier 1; the plan's description names
+    # the parts' compile error (it was silent: on a GPU machine a split
+    # graph ran whole and nothing said why).
+    real = _tiers.compile_request
+
+    def parts_fail(req):
+        if req.get("split"):
+            raise RuntimeError("injected compile error\nin a part")
+        return real(req)
+
+    monkeypatch.setattr(_tiers, "compile_request", parts_fail)
+    cpu = tower_inputs(3, 376)
+    assert run_hot(towers, cpu, [t.to("mgpu") for t in cpu]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    compiled = torch_mgpu.last_plan().compiled
+    assert " parts on " not in compiled, compiled
+    assert "parts did not compile (RuntimeError: injected compile error in a part)" in compiled, compiled
+
+
 def test_a_split_graph_takes_a_changing_constant_as_an_input(tiered, no_trial, two_lanes):
     # A scale that changes every step (a schedule's learning rate) in one
     # tower: an input of the part that uses it, not a compile per step.

@@ -507,7 +507,12 @@ def compile_ways(req):
         t0 = time.perf_counter()
         try:
             compiled = [compile_request(dict(part, split=len(parts), lanes=req["lanes"])) for part in parts]
-        except Exception:  # the parts do not compile: the whole graph still may run in tier 1
+        except Exception as e:  # the parts do not compile: the whole graph still may run in tier 1
+            whole, seconds, description = ways[0]
+            reason = " ".join(f"{type(e).__name__}: {e}".split())
+            if len(reason) > 300:
+                reason = reason[:297] + "..."
+            ways[0] = (whole, seconds, f"{description}; its {len(parts)} parts did not compile ({reason})")
             return ways
         seconds = time.perf_counter() - t0
         lanes = {}

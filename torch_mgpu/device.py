@@ -61,11 +61,14 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    """False: unlike CUDA, mgpu works in a forked child. The child's lane
-    threads did not survive the fork, so its plans run on one lane (the
-    calling thread); torch.manual_seed seeds mgpu there, as everywhere (it
-    skips a device whose module reports a bad fork)."""
-    return False
+    """On CPU lanes False: unlike CUDA, mgpu works in a forked child. The
+    child's lane threads did not survive the fork, so its plans run on one
+    lane (the calling thread); torch.manual_seed seeds mgpu there, as
+    everywhere (it skips a device whose module reports a bad fork). On a
+    GPU's streams mgpu is CUDA: a bad fork where CUDA's is one."""
+    if not any(lane.split("/")[0].startswith("cuda") for lane in _C.lanes()):
+        return False
+    return bool(torch.cuda._is_in_bad_fork())
 
 
 def _in_forked_child_with_lanes() -> bool:
