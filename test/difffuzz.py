@@ -153,7 +153,7 @@ def configured(cfg):
     async_ops that were set before. Errors left pending by the block (an
     error mgpu defers, in a program) are dropped."""
     saved, saved_async = torch_mgpu.configuration(), torch_mgpu.async_ops()
-    saved_hits = torch_mgpu._C._tier_compile_hits()
+    saved_hits, saved_trial = torch_mgpu._C._tier_compile_hits(), torch_mgpu._C._tier_trial()
     saved_tolerance = dict(TOLERANCE)
     torch_mgpu.synchronize()
     try:
@@ -170,7 +170,7 @@ def configured(cfg):
             torch_mgpu.synchronize()
         if cfg.tier1:
             torch_mgpu.wait_for_compiles(600)
-            torch_mgpu._C._set_tier_trial(True)
+        torch_mgpu._C._set_tier_trial(saved_trial)
         torch_mgpu.configure(compile=saved_hits)
         torch_mgpu.configure(**saved)
         TOLERANCE.update(saved_tolerance)
@@ -1972,14 +1972,32 @@ def render(prog, m, cfg, fails_under=()):
                       "(expected.dtype, expected.shape, expected.requires_grad)"]
         elif isinstance(expected, torch.Tensor):
             lines += ['print("cpu: ", expected)', 'print("mgpu:", actual.cpu())',
-                      "torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)"]
+                      f"torch.testing.assert_close(actual.cpu(), expected{tolerance_args(expected, cfg)}, equal_nan=True)"]
         elif expected is None:
             lines += ['print("cpu: ", expected)', 'print("mgpu:", actual)', "assert actual is None"]
         else:
             lines += ['print("cpu: ", expected)', 'print("mgpu:", actual)',
                       "assert type(actual) is type(expected)",
-                      "torch.testing.assert_close(actual, expected, equal_nan=True)"]
+                      f"torch.testing.assert_close(actual, expected{tolerance_args(expected, cfg)}, equal_nan=True)"]
     return "\n".join(lines) + "\n"
+
+
+def tolerance_args(expected, cfg):
+    """assert_close's tolerance arguments for a reproducer's check of
+    `expected` under `cfg`, as differ() compares: ", rtol=.., atol=.." where
+    the configuration's tolerance is looser than assert_close's default for
+    the value (tier 1), else nothing."""
+    if not (cfg.rtol or cfg.atol):
+        return ""
+    if isinstance(expected, torch.Tensor):
+        if not (expected.is_floating_point() or expected.is_complex()):
+            return ""
+        rtol, atol = _DEFAULT_TOLERANCE.get(expected.dtype, (1e-7, 1e-7))
+    elif isinstance(expected, (float, complex)):
+        rtol, atol = 1e-5, 1e-5
+    else:
+        return ""
+    return f", rtol={max(rtol, cfg.rtol)!r}, atol={max(atol, cfg.atol)!r}"
 
 
 def render_crash(prog, cfg, what):
@@ -2116,6 +2134,7 @@ class Report:
 def minimize_group(prog, cfg, signature, configs, budget_s):
     """(reproducer, minimized length) for a group's first program."""
     small = minimize(prog, cfg, signature, budget_s)
+    configs = tuple(configs) + (() if cfg in configs else (cfg,))
     fails_under = [c for c in configs
                    if any(m.signature == signature for m in primary(small, mismatches_under(small, c)))]
     return reproducer(small, cfg, signature, fails_under), len(small)

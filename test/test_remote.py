@@ -150,7 +150,10 @@ def test_branches_split_between_this_process_and_a_worker():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/dev.sh gpu runs it)")
 def test_a_worker_runs_its_lane_on_its_gpu():
     # Both processes on GPU 0: the worker's lane runs its steps there, its
-    # inputs uploaded once and kept, its results downloaded.
+    # inputs uploaded once and kept, its results downloaded. Planned with
+    # the cheap link, as the other tests that assert work spread over ranks
+    # (on an H200 a 2048 x 2048 product takes about 20 us: the loopback
+    # probe's figures can price a crossing above it).
     run_world("""
         torch_mgpu.configure(devices=["cuda:0", "rank1:cuda:0"], lanes_per_device=1, policy="heft")
         assert torch_mgpu.lanes() == ["cuda:0/stream0", "rank1:cuda:0/stream0"], torch_mgpu.lanes()
@@ -169,7 +172,7 @@ def test_a_worker_runs_its_lane_on_its_gpu():
         b.mul_(2)
         same(b, (xs[0] @ xs[1]).tanh().mul(2).cpu(), exact=False)
         done()
-    """)
+    """, controller_env=CHEAP_NETWORK)
 
 
 def test_random_ops_and_a_training_step_match_one_process():

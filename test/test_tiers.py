@@ -42,12 +42,19 @@ def step(x, w, b):
     return torch.relu(out - 1)
 
 
-def long_chain(x):
-    # 200 tiny ops: node by node, 200 calls and their overheads; inductor's
-    # code is one loop.
-    for _ in range(100):
-        x = torch.tanh(x * 1.0001)
-    return x
+def unary_chain(op, steps, factor):
+    """x -> op(x * factor), `steps` times: 2 * steps tiny ops, node by node
+    that many calls and their overheads, in inductor's code one loop. Tests
+    that need a graph of their own (graphs are remembered by structure, per
+    process) take another op or length."""
+    def chain(x):
+        for _ in range(steps):
+            x = op(x * factor)
+        return x
+    return chain
+
+
+long_chain = unary_chain(torch.tanh, 100, 1.0001)
 
 
 def test_a_hot_graph_is_compiled_and_runs_with_eager_results(tiered):
@@ -98,13 +105,10 @@ def test_compiled_code_is_kept_where_it_is_faster(tiered):
 def test_tier_0_runs_on_other_lanes_are_no_samples_of_a_trial(tiered):
     # On trial, the graph runs on stream lanes for a while (CPU lanes under
     # the stream-order sanitizer): its code, compiled for host lanes, does
-    # not fit them, so tier 0 runs it there, and those runs are not the
-    # trial's tier-0 samples: back on the lanes it was compiled for, the
-    # turns go on where they stopped.
-    def cos_chain(x):  # a graph of its own (the cache is the process's)
-        for _ in range(150):
-            x = torch.cos(x * 0.9999)
-        return x
+    # not fit them, so tier 0 runs it there, and those runs count for the
+    # stream lanes' own entry, not as the trial's tier-0 samples: back on
+    # the lanes it was compiled for, the turns go on where they stopped.
+    cos_chain = unary_chain(torch.cos, 150, 0.9999)
 
     x = torch.randn(64)
     xm = x.to("mgpu")
@@ -148,10 +152,7 @@ def test_kept_code_that_slows_down_goes_through_a_second_trial(tiered, monkeypat
         return call, dtypes, description, lifted
 
     monkeypatch.setattr(_tiers, "compile_request", slowing)
-    def sin_chain(x):  # a graph of its own (the cache is the process's)
-        for _ in range(100):
-            x = torch.sin(x * 1.0001)
-        return x
+    sin_chain = unary_chain(torch.sin, 100, 1.0001)
 
     x = torch.randn(64)
     xm = x.to("mgpu")
@@ -655,6 +656,88 @@ def test_parts_that_do_not_compile_leave_the_whole_graph_and_say_why(tiered, no_
     assert "parts did not compile (RuntimeError: injected compile error in a part)" in compiled, compiled
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_numbers_meet_half_precision_tensors_as_in_eager(tiered, no_trial, dtype):
+    # Eager's CPU kernels of add, sub, pow and fmod (and remainder) round a
+    # Python number to the tensor's dtype first; inductor's code keeps it
+    # in float32 (difffuzz seed 3750665: x + 2.7856 in bfloat16 added
+    # 2.78125 in eager). The replay passes the number rounded: equal bits.
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(257, generator=g) - 2.7).to(dtype)
+    s = 2.7855918407440186
+
+    def f(x):
+        y = (x + s) * 1.5
+        z = y.sub(0.3337, alpha=1.7) - 1.1113
+        w = z.abs().add_(0.0123).pow(1.37)
+        return w.fmod(0.3333) * 1.25, 5.1234 - z  # (a half remainder stays in tier 0: below)
+
+    want = f(x)
+    xm = x.to("mgpu")
+    tiers = []
+    for k in range(4):
+        got = [t.cpu() for t in f(xm)]
+        tiers.append(torch_mgpu.last_plan().tier)
+        for w, t in zip(want, got):
+            assert torch.equal(t, w), (k, (t.float() - w.float()).abs().max())
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
+def test_a_number_recorded_for_a_tensor_argument_compiles_with_the_python_dtype(tiered, no_trial):
+    # x.remainder(0.777) records remainder.Tensor with the number (a wrapped
+    # number): the replay calls the overload that takes a number (it did not
+    # compile at all), and an integer tensor's result is the default dtype,
+    # as in eager (a float64 0-dim tensor in the number's place gives float64).
+    x = torch.randint(-50, 50, (33,), generator=torch.Generator().manual_seed(4))
+
+    def f(x):
+        return (x.remainder(0.777) + 1).fmod(0.43) * 2, x.abs() + 3
+
+    assert run_hot(f, [x]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert f(x.to("mgpu"))[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_remainder_and_floor_division_by_infinity_are_eager_s(tiered, no_trial, dtype):
+    # Inductor computes a % b as a - floor(a / b) * b and a // b as
+    # floor(a / b): NaN for 0 % inf, -0.0 for 1.59 // -inf, where eager
+    # gives 0 and -1 (difffuzz seeds 3750026, 3750483). The replay computes
+    # them by eager's CPU formula: equal bits, in-place and out= too.
+    g = torch.Generator().manual_seed(2)
+    special = [0.0, -0.0, 1.59, -1.59, 7.25, float("inf"), float("-inf"), float("nan")]
+    a = torch.cat([torch.tensor(special).repeat_interleave(8), torch.randn(64, generator=g) * 10]).to(dtype)
+    b = torch.cat([torch.tensor(special).repeat(8), torch.randn(64, generator=g) * 3]).to(dtype)
+
+    def f(a, b):
+        r = (a * 1.0).remainder(b)
+        q = torch.floor_divide(a + 0.0, b)
+        d = torch.div(a - 0.0, b, rounding_mode="floor")
+        w = a.clone()
+        w.remainder_(float("inf"))
+        o = torch.empty_like(a)
+        torch.remainder(a, -3.5, out=o)
+        return r, q, d, w.floor_divide_(float("-inf")), o + 0.0
+
+    assert run_hot(f, [a, b]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    for w, t in zip(f(a, b), f(a.to("mgpu"), b.to("mgpu"))):
+        torch.testing.assert_close(t.cpu(), w, rtol=0, atol=0, equal_nan=True)
+        signs = [torch.signbit(x) & ~x.isnan() for x in (t.cpu(), w)]  # a NaN's sign is no value's
+        assert torch.equal(*signs)  # -0.0 as eager's
+    assert torch_mgpu.last_plan().tier == 1
+
+
+def test_remainder_of_half_precision_stays_in_tier_0(tiered, no_trial):
+    a = torch.randn(16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+
+    def f(a):
+        return ((a * 2).remainder(float("inf")) + 1,)
+
+    assert run_hot(f, [a]) == [0, 0, 0, 0]
+    assert "half or bfloat16" in torch_mgpu._C._tier_last_error()
+
+
 def test_a_split_graph_takes_a_changing_constant_as_an_input(tiered, no_trial, two_lanes):
     # A scale that changes every step (a schedule's learning rate) in one
     # tower: an input of the part that uses it, not a compile per step.
@@ -765,7 +848,7 @@ def test_a_trial_whose_constants_never_match_ends_in_tier_0(tiered):
     assert torch_mgpu.last_plan().tier == 0
 
 
-def test_code_compiled_for_two_lanes_runs_in_tier_0_on_one(tiered, no_trial, two_lanes):
+def test_a_graph_is_compiled_for_each_lanes_it_gets_hot_on(tiered, no_trial, two_lanes):
     cpu = tower_inputs(3, 288)
     mg = [t.to("mgpu") for t in cpu]
     run_hot(towers, cpu, mg, atol=1e-3)
@@ -773,17 +856,19 @@ def test_code_compiled_for_two_lanes_runs_in_tier_0_on_one(tiered, no_trial, two
     assert plan.tier == 1 and " parts on 2 lanes" in plan.compiled, plan.compiled
     before = tier1_stats()
     torch_mgpu.configure(devices=["cpu"], lanes_per_device=1)
-    want = towers(*cpu)
-    for w, t in zip(want, towers(*mg)):
-        torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
-    # Not called on lanes it was not compiled for (it would fail and be dropped).
-    assert torch_mgpu.last_plan().tier == 0
+    # Code compiled for two lanes is not called on one (it would fail and be
+    # dropped): on one lane the graph gets hot and compiled anew, whole.
+    assert run_hot(towers, cpu, mg, atol=1e-3) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    plan = torch_mgpu.last_plan()
+    assert " parts " not in plan.compiled and plan.lanes == ["cpu:0/lane0"], (plan.compiled, plan.lanes)
     assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]
+    assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] == 1
+    # Back on two lanes, the parts compiled for them run at once.
     torch_mgpu.configure(devices=["cpu"], lanes_per_device=2)
     want = towers(*cpu)
     for w, t in zip(want, towers(*mg)):
         torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=1e-3)
-    assert torch_mgpu.last_plan().tier == 1
+    assert torch_mgpu.last_plan().tier == 1 and " parts on 2 lanes" in torch_mgpu.last_plan().compiled
 
 
 @pytest.mark.parametrize("norm", ["batch_norm", "layer_norm_t"])

@@ -49,6 +49,23 @@ def _op(name, overload):
     return getattr(packet, overload or "default")
 
 
+def _op_for_args(node):
+    """The op a recorded node calls: its overload, or where a number stands
+    for a Tensor argument (a wrapped number: `x.remainder(0.7)` records
+    remainder.Tensor with 0.7) the overload packet, which picks the
+    overload that takes the number as the Python call did (a 0-dim tensor
+    in its place would promote otherwise: an integer tensor with a float64
+    one is float64, with a Python float the default dtype)."""
+    op = _op(node["op"], node["overload"])
+    schema = op._schema.arguments
+    for k, (_, _, (kind, value)) in enumerate(node["args"]):
+        if (kind == "c" and type(value) in (bool, int, float, complex) and k < len(schema)
+                and isinstance(schema[k].type, torch.TensorType)):
+            ns, _, name = node["op"].partition("::")
+            return getattr(getattr(torch.ops, ns), name)
+    return op
+
+
 def _flat_dtypes(req):
     """The dtype each leaf is read as (one per leaf)."""
     dtypes = [None] * len(req["leaves"])
@@ -96,6 +113,111 @@ def _permutation(fresh, geom):
     return perm
 
 
+# Ops whose CPU kernel rounds a Python number operand to a half or
+# bfloat16 tensor's dtype before it computes (in float32), where inductor
+# keeps the number as a float32 constant: `x + 2.7856` in bfloat16 adds
+# 2.78125 in eager (difffuzz seed 3750665: 0.0469 against 0.0513 after
+# cancellation). Measured op by op; mul, div, clamp, lerp, addcmul,
+# where, fill and the activations keep the number and agree as they are.
+_ROUNDS_NUMBER_TO_DTYPE = {"aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::rsub", "aten::pow",
+                           "aten::pow_", "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_"}
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def _result_dtypes(node):
+    """The dtypes of a recorded node's fresh outputs and written tensors."""
+    return [o[4][3] for o in node["outputs"] if o[1] < 0] + [w[2][3] for w in node.get("written", ())]
+
+
+def _number_rounding(nodes):
+    """node index -> the reduced floating dtype its number operands are
+    rounded to (see _ROUNDS_NUMBER_TO_DTYPE), for the nodes where eager
+    rounds them."""
+    out = {}
+    for i, n in enumerate(nodes):
+        if n["op"] in _ROUNDS_NUMBER_TO_DTYPE:
+            reduced = [dt for dt in _result_dtypes(n) if dt in _REDUCED_FLOATS]
+            if reduced:
+                out[i] = reduced[0]
+    return out
+
+
+def _rounded(value, dtype):
+    """A number argument as `dtype` holds it: a Python int or float as a
+    float, a number wrapped as a 0-dim tensor (`x.remainder(0.7)` records
+    remainder.Tensor) as such a tensor of its own dtype; anything else as
+    it is."""
+    if type(value) in (int, float):
+        return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex() and value.dtype != torch.bool:
+        return value.to(dtype).to(value.dtype)
+    return value
+
+
+def _eager_remainder(a, b):
+    """Eager's CPU remainder of floating a by b (fmod, then b added where
+    the signs differ): inductor's a - floor(a / b) * b gives NaN for an
+    infinite b (0 % inf: 0 - 0 * inf), where eager gives a (difffuzz seed
+    3750026)."""
+    m = torch.fmod(a, b)
+    return torch.where((m != 0) & ((m < 0) != (b < 0)), m + b, m)
+
+
+def _eager_floor_divide(a, b):
+    """Eager's CPU floor division of floating a by b (c10::div_floor_floating):
+    inductor's floor(a / b) gives -0.0 for 1.59 // -inf, where eager (and
+    Python) gives -1 (difffuzz seed 3750483)."""
+    if not isinstance(b, torch.Tensor) and b == 0:
+        return a / b
+    mod = torch.fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((mod < 0) != (b < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    out = torch.where(div != 0, floor, torch.copysign(torch.zeros_like(div), a / b))
+    return torch.where(b == 0, a / b, out) if isinstance(b, torch.Tensor) else out
+
+
+def _eager_formula(node):
+    """For a node whose op inductor computes otherwise than eager's CPU
+    kernel where it matters (a floating remainder or floor division by an
+    infinite divisor): eager's formula, a function of self and other. None
+    for other nodes; a half or bfloat16 one is not compiled (its formula
+    would round between steps where the kernel does not)."""
+    name = node["op"]
+    names = [n for n, _, _ in node["args"]]
+    if name in ("aten::remainder", "aten::remainder_"):
+        formula = _eager_remainder
+    elif name in ("aten::floor_divide", "aten::floor_divide_"):
+        formula = _eager_floor_divide
+    elif name in ("aten::div", "aten::div_") and "rounding_mode" in names:
+        kind, mode = node["args"][names.index("rounding_mode")][2]
+        if kind != "c" or mode != "floor":
+            return None
+        formula = _eager_floor_divide
+    else:
+        return None
+    dtypes = _result_dtypes(node)
+    if not any(dt.is_floating_point for dt in dtypes) or node["args"][0][2][0] != "t":
+        return None  # integers (inductor's code agrees), or a number as self
+    if any(dt in _REDUCED_FLOATS for dt in dtypes):
+        raise Unsupported(f"{name} of a half or bfloat16 tensor")
+    return formula
+
+
+def _call_eager_formula(formula, op_name, args, kwargs):
+    """The node's result by `formula` (see _eager_formula), written where the
+    op writes: into self for the in-place op, into out= for an out variant."""
+    a = args[0] if args else kwargs["self"]
+    b = args[1] if len(args) > 1 else kwargs["other"]
+    result = formula(a, b)
+    if op_name.endswith("_"):
+        return a.copy_(result)
+    if kwargs.get("out") is not None:
+        return kwargs["out"].copy_(result)
+    return result
+
+
 def _tensor_refs(node):
     """The tensor arguments of a recorded node: (operand, geometry, tag)
     or None for a hole of a Tensor?[] list."""
@@ -124,14 +246,15 @@ def replay_fn(req, subst=None):
         for v in node["operands"]:
             last_read[v] = i
     root_set = set(roots)
-    ops = [_op(n["op"], n["overload"]) for n in nodes]
+    ops = [_op_for_args(n) for n in nodes]
+    formulas = {i: f for i, n in enumerate(nodes) for f in [_eager_formula(n)] if f is not None}
     # Values that are new versions of a storage (in-place writes): a root
     # of them is returned as the storage's flat bytes.
     written_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated >= 0}
     # Products whose result is floating or complex (see the integer 0 below).
     float_products = {i for i, n in enumerate(nodes) if n["op"] in ("aten::mul", "aten::mul_") and any(
-        dt.is_floating_point or dt.is_complex
-        for dt in [o[4][3] for o in n["outputs"] if o[1] < 0] + [w[2][3] for w in n.get("written", ())])}
+        dt.is_floating_point or dt.is_complex for dt in _result_dtypes(n))}
+    number_rounding = _number_rounding(nodes)
     # Each value's storage size (a written one's: the storage's after the write).
     value_nbytes = {value: nbytes for n in nodes for value, _, _, nbytes, _ in n["outputs"]}
 
@@ -246,6 +369,8 @@ def replay_fn(req, subst=None):
                         # seed 3740135, `0 / x`: reciprocal(x) * 0). The
                         # float 0.0 gives the same dtype and is not folded.
                         a = 0.0
+                    elif i in number_rounding:
+                        a = _rounded(a, number_rounding[i])
                 elif kind == "t":
                     a = tensor(value)
                 else:
@@ -254,7 +379,10 @@ def replay_fn(req, subst=None):
                     kwargs[name] = a
                 else:
                     args.append(a)
-            out = op(*args, **kwargs)
+            if i in formulas:
+                out = _call_eager_formula(formulas[i], node["op"], args, kwargs)
+            else:
+                out = op(*args, **kwargs)
             for v, entry in saved.items():
                 env[v] = entry
             # The returns flattened as the recording numbered them: tensors
@@ -307,10 +435,11 @@ def lift_candidates(req):
     sizes, a schedule's factors, Python numbers in `x * lr`. The others are
     compiled in (and folded)."""
     varying = {tuple(v) for v in req.get("varying", ())}
+    rounding = _number_rounding(req["nodes"])  # a number rounded as eager does is compiled in
     out = []
     for i, node in enumerate(req["nodes"]):
         for k, (_, _, (kind, value)) in enumerate(node["args"]):
-            if kind != "c" or (i, k) not in varying:
+            if kind != "c" or (i, k) not in varying or i in rounding:
                 continue
             if (isinstance(value, float) or (isinstance(value, torch.Tensor) and value.dim() == 0
                                               and value.dtype.is_floating_point)):

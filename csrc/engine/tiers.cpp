@@ -163,8 +163,18 @@ uint64_t exact_hash(const c10::IValue& v) {
 }
 
 // Graphs are counted, queued and compiled by structure (the plan cache's
-// hash: floating constants by class).
-uint64_t key_of(const ir::Graph& g) { return g.hash; }
+// hash: floating constants by class) and by the lanes they run on: code is
+// compiled for its lanes (a part per lane, the lanes' device, stream or
+// host lanes), so after configure() changes them for good the graph gets
+// hot and compiled there too, and going back finds the code of before.
+uint64_t key_of(const ir::Graph& g, const Lanes& l) {
+  uint64_t h = ir::hash_combine(g.hash, l.places.size());
+  for (size_t i = 0; i < l.places.size(); ++i) {
+    h = ir::hash_combine(h, std::hash<std::string>{}(i < l.topo.lanes.size() ? l.topo.lanes[i].name : ""));
+    h = ir::hash_combine(h, l.places[i].streams ? 1 : 0);
+  }
+  return h;
+}
 
 bool is_lifted(const std::vector<std::pair<int, int>>& lifted, int node, int arg) {
   return std::find(lifted.begin(), lifted.end(), std::make_pair(node, arg)) != lifted.end();
@@ -860,6 +870,7 @@ Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const Compi
 
 int compile_hits() { return hits_slot().load(); }
 void set_compile_trial(bool on) { trial_slot() = on; }
+bool compile_trial() { return trial_slot(); }
 void set_compile_hits(int hits) {
   TORCH_CHECK(hits >= 0, "compile hits must be >= 0 (0: off), got ", hits);
   hits_slot() = hits;
@@ -1016,7 +1027,7 @@ bool fits(const CompiledGraph& c, const Lanes& l) {
 
 std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l, int caller_threads, TierRun& run) {
   if (compile_hits() == 0) return std::nullopt;
-  run.key = key_of(g);
+  run.key = key_of(g, l);
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<std::shared_ptr<const CompiledGraph>> ways;  // on trial
   std::vector<int> calls;
@@ -1152,7 +1163,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   const int hits = compile_hits();
   if (hits == 0) return;
   auto& t = tiers();
-  const uint64_t key = run.key ? run.key : key_of(g);
+  const uint64_t key = run.key ? run.key : key_of(g, l);
   std::vector<std::shared_ptr<const CompiledGraph>> dropped;  // let go of after the lock
   std::unique_lock<std::mutex> lock(t.m);
   Entry& e = entry_for(t, key, dropped);
@@ -1193,9 +1204,9 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   }
   if (failed || run.failed) return;  // an error is no measure of the graph (nor a failed compiled call's time)
   if (e.state == State::Rejected || e.state == State::Kept) return;
-  // The trial compares runs on the lanes its code was compiled for: a
-  // tier-0 run of the graph on other lanes (configure() changed them) is
-  // no measure of it.
+  // The trial compares runs on the lanes its code was compiled for (the
+  // key has the lanes: a run on others counts for their own entry; this
+  // guards against code that does not fit them all the same).
   if (e.state == State::Trial && !e.trial.empty() && !fits(*e.trial[0], l)) return;
   e.tier0.push_back(seconds);
   if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());

@@ -107,7 +107,8 @@ struct CompiledGraph {
   uint64_t fixed = 0;
   int lanes = 1;
   // The lanes it was compiled for (install_compiled, from the request):
-  // other lanes run the graph in tier 0.
+  // the entry's key has them; code that does not fit the lanes of a run
+  // is not called.
   std::string device = "cpu";
   bool streams = false;
   double compile_s = 0;
@@ -122,6 +123,7 @@ void set_compile_hits(int hits);
 // Whether compiled code must measure faster to be kept (the default); off,
 // it is kept once compiled (tests of tier 1 itself).
 void set_compile_trial(bool on);
+bool compile_trial();
 
 // The compile thread's side (Python): waits for the next hot graph (null
 // once stop_compiles() was called); installs or rejects what it compiled.

@@ -115,6 +115,7 @@ void bind_tiers(py::module& m) {
   m.def("_tier_compile_hits", &engine::compile_hits);
   m.def("_set_tier_compile_hits", &engine::set_compile_hits);
   m.def("_set_tier_trial", &engine::set_compile_trial);
+  m.def("_tier_trial", &engine::compile_trial);
   m.def("_tier_compiler_present", &engine::set_compiler_present, nogil());
   m.def("_tier_stop", &engine::stop_compiles, nogil());
   m.def("_tier_wait", &engine::wait_for_compiles, nogil());
