@@ -1989,15 +1989,20 @@ def tolerance_args(expected, cfg):
     the value (tier 1), else nothing."""
     if not (cfg.rtol or cfg.atol):
         return ""
-    if isinstance(expected, torch.Tensor):
-        if not (expected.is_floating_point() or expected.is_complex()):
-            return ""
-        rtol, atol = _DEFAULT_TOLERANCE.get(expected.dtype, (1e-7, 1e-7))
-    elif isinstance(expected, (float, complex)):
-        rtol, atol = 1e-5, 1e-5
-    else:
+    def loosest(v):
+        if isinstance(v, torch.Tensor):
+            return _DEFAULT_TOLERANCE.get(v.dtype, (1e-7, 1e-7)) if v.is_floating_point() or v.is_complex() else None
+        if isinstance(v, (float, complex)):
+            return 1e-5, 1e-5
+        if isinstance(v, (list, tuple)):  # differ() compares item by item
+            tols = [t for t in map(loosest, v) if t is not None]
+            return (max(t[0] for t in tols), max(t[1] for t in tols)) if tols else None
+        return None
+
+    tol = loosest(expected)
+    if tol is None:
         return ""
-    return f", rtol={max(rtol, cfg.rtol)!r}, atol={max(atol, cfg.atol)!r}"
+    return f", rtol={max(tol[0], cfg.rtol)!r}, atol={max(tol[1], cfg.atol)!r}"
 
 
 def render_crash(prog, cfg, what):

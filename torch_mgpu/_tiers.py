@@ -28,6 +28,9 @@ compiled run their compiled code instead of refusing ("Detected that you
 are using FX to symbolically trace a dynamo-optimized function").
 """
 import contextlib
+import functools
+import math
+import struct
 import threading
 import time
 
@@ -129,16 +132,38 @@ def _result_dtypes(node):
     return [o[4][3] for o in node["outputs"] if o[1] < 0] + [w[2][3] for w in node.get("written", ())]
 
 
+def _compute_dtype(node):
+    """The dtype a binary op computes in: the result type of its first two
+    arguments (self, other) as the call promoted them (a tensor's dtype,
+    0-dim or not, a number's kind), not the dtype it writes (an out= or
+    in-place tensor of another dtype is cast to at the end). None where
+    they are not a tensor and a number or two tensors."""
+    vals = []
+    for _, _, (kind, value) in node["args"][:2]:
+        if kind == "t" and value is not None:
+            sizes, dtype = value[1][0], value[1][3]
+            vals.append(torch.empty([1] * len(sizes), dtype=dtype))
+        elif kind == "c" and type(value) in (bool, int, float, complex):
+            vals.append(value)
+        elif kind == "c" and isinstance(value, torch.Tensor) and value.dim() == 0:
+            vals.append(value)
+        else:
+            return None
+    if len(vals) != 2 or not any(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    return torch.result_type(*vals)
+
+
 def _number_rounding(nodes):
     """node index -> the reduced floating dtype its number operands are
     rounded to (see _ROUNDS_NUMBER_TO_DTYPE), for the nodes where eager
-    rounds them."""
+    rounds them: those that compute in half or bfloat16."""
     out = {}
     for i, n in enumerate(nodes):
         if n["op"] in _ROUNDS_NUMBER_TO_DTYPE:
-            reduced = [dt for dt in _result_dtypes(n) if dt in _REDUCED_FLOATS]
-            if reduced:
-                out[i] = reduced[0]
+            dt = _compute_dtype(n)
+            if dt in _REDUCED_FLOATS:
+                out[i] = dt
     return out
 
 
@@ -178,6 +203,27 @@ def _eager_floor_divide(a, b):
     return torch.where(b == 0, a / b, out) if isinstance(b, torch.Tensor) else out
 
 
+def _accurate_erf(x):
+    """erf of a float32 tensor as eager computes it, within a few units in
+    the last place: inductor's vectorized erf is an approximation with an
+    absolute error of about 1e-7, 4.5e-4 relative near 0 (difffuzz seed
+    3760451: 1 / erf(x)^2 off by 1.8e-4). Near 0 its Taylor series (the
+    first term left out is below 1e-12 relative for |x| < 1/8)."""
+    x2 = x * x
+    series = x * (1.1283791670955126 + x2 * (-0.37612638903183754 + x2 * (
+        0.11283791670955126 + x2 * (-0.026866170645131252 + x2 * 0.005223977625442188))))
+    return torch.where(x.abs() < 0.125, series, torch.erf(x))
+
+
+def _unary_formula(node):
+    """For a float32 erf (erf_, erf.out): _accurate_erf; else None."""
+    if node["op"] not in ("aten::erf", "aten::erf_") or node["args"][0][2][0] != "t":
+        return None
+    if node["args"][0][2][1][1][3] != torch.float32:
+        return None
+    return lambda a, b=None: _accurate_erf(a)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -197,19 +243,37 @@ def _eager_formula(node):
         formula = _eager_floor_divide
     else:
         return None
-    dtypes = _result_dtypes(node)
-    if not any(dt.is_floating_point for dt in dtypes) or node["args"][0][2][0] != "t":
-        return None  # integers (inductor's code agrees), or a number as self
-    if any(dt in _REDUCED_FLOATS for dt in dtypes):
+    if node["args"][0][2][0] != "t":
+        return None  # a number as self: inductor's code as it is
+    dt = _compute_dtype(node)
+    if dt is None or not dt.is_floating_point:
+        return None  # integers (inductor's code agrees; an out= of another dtype takes the cast)
+    if dt in _REDUCED_FLOATS:
         raise Unsupported(f"{name} of a half or bfloat16 tensor")
-    return formula
+    return functools.partial(_in_dtype, formula, dt)
+
+
+def _in_dtype(formula, dtype, a, b):
+    """`formula` on a and b in the dtype the op computes in, as eager's
+    kernel sees them: a number or tensor of another dtype cast to it first
+    (1e-50 is 0 in float32: eager divides by 0 there)."""
+    if isinstance(b, torch.Tensor):
+        b = b.to(dtype)
+    elif type(b) in (bool, int, float) and dtype == torch.float32:
+        # Python's own float32 rounding: torch.tensor here would be
+        # recorded into the traced graph.
+        try:
+            b = struct.unpack("f", struct.pack("f", b))[0]
+        except OverflowError:
+            b = math.copysign(math.inf, b)
+    return formula(a.to(dtype), b)
 
 
 def _call_eager_formula(formula, op_name, args, kwargs):
     """The node's result by `formula` (see _eager_formula), written where the
     op writes: into self for the in-place op, into out= for an out variant."""
     a = args[0] if args else kwargs["self"]
-    b = args[1] if len(args) > 1 else kwargs["other"]
+    b = args[1] if len(args) > 1 else kwargs.get("other")
     result = formula(a, b)
     if op_name.endswith("_"):
         return a.copy_(result)
@@ -247,14 +311,27 @@ def replay_fn(req, subst=None):
             last_read[v] = i
     root_set = set(roots)
     ops = [_op_for_args(n) for n in nodes]
-    formulas = {i: f for i, n in enumerate(nodes) for f in [_eager_formula(n)] if f is not None}
+    formulas = {i: f for i, n in enumerate(nodes) for f in [_eager_formula(n) or _unary_formula(n)] if f is not None}
     # Values that are new versions of a storage (in-place writes): a root
     # of them is returned as the storage's flat bytes.
     written_nbytes = {value: nbytes for n in nodes for value, mutated, _, nbytes, _ in n["outputs"] if mutated >= 0}
     # Products whose result is floating or complex (see the integer 0 below).
     float_products = {i for i, n in enumerate(nodes) if n["op"] in ("aten::mul", "aten::mul_") and any(
         dt.is_floating_point or dt.is_complex for dt in _result_dtypes(n))}
-    number_rounding = _number_rounding(nodes)
+    # A varying alpha of add/sub (SGD's `p.add_(g, alpha=-lr)` under a
+    # schedule) is a Scalar argument, which compiled code can only bake in:
+    # such a node is traced as add/sub of `other * alpha`, whose number is a
+    # Tensor operand the constant's input can take the place of. (Eager's
+    # kernel rounds once, a fused multiply-add; inductor's code for the
+    # baked alpha multiplies and adds too.) Not for a half dtype, whose
+    # product would be rounded between the two.
+    varying = {tuple(v) for v in req.get("varying", ())}
+    alpha_factor = {i: k for i, k in varying if nodes[i]["op"] in ("aten::add", "aten::add_", "aten::sub", "aten::sub_")
+                    and nodes[i]["args"][k][0] == "alpha" and _compute_dtype(nodes[i]) in (torch.float32, torch.float64)}
+    # The numbers eager rounds to a half dtype, rounded here, before
+    # tracing (rounding while tracing would record the rounding's ops).
+    rounded = {(i, k): _rounded(value, dt) for i, dt in _number_rounding(nodes).items()
+               for k, (_, _, (kind, value)) in enumerate(nodes[i]["args"]) if kind == "c"}
     # Each value's storage size (a written one's: the storage's after the write).
     value_nbytes = {value: nbytes for n in nodes for value, _, _, nbytes, _ in n["outputs"]}
 
@@ -362,20 +439,25 @@ def replay_fn(req, subst=None):
                     a = subst.get((i, k), value)
                     if isinstance(a, torch.device) and a.type == "cpu":
                         a = lanes_device
-                    elif type(a) is int and a == 0 and i in float_products:
+                    elif type(a) in (int, bool) and a == 0 and i in float_products:
                         # Inductor folds a product with the integer 0 to 0,
                         # whatever the other factor: NaN * 0 and inf * 0
                         # would give 0, where eager gives NaN (difffuzz
-                        # seed 3740135, `0 / x`: reciprocal(x) * 0). The
-                        # float 0.0 gives the same dtype and is not folded.
+                        # seed 3740135, `0 / x`: reciprocal(x) * 0; seed
+                        # 3760406, `x * False`). The float 0.0 gives the
+                        # same dtype and is not folded.
                         a = 0.0
-                    elif i in number_rounding:
-                        a = _rounded(a, number_rounding[i])
+                    elif (i, k) in rounded and (i, k) not in subst:
+                        # (A lifted one is traced as its stand-in and
+                        # rounded where the compiled code is called.)
+                        a = rounded[(i, k)]
                 elif kind == "t":
                     a = tensor(value)
                 else:
                     a = [tensor(r) for r in value]
-                if kwarg_only:
+                if i in alpha_factor and k == alpha_factor[i]:
+                    args[1] = args[1] * a  # other * alpha, and no alpha
+                elif kwarg_only:
                     kwargs[name] = a
                 else:
                     args.append(a)
@@ -435,11 +517,10 @@ def lift_candidates(req):
     sizes, a schedule's factors, Python numbers in `x * lr`. The others are
     compiled in (and folded)."""
     varying = {tuple(v) for v in req.get("varying", ())}
-    rounding = _number_rounding(req["nodes"])  # a number rounded as eager does is compiled in
     out = []
     for i, node in enumerate(req["nodes"]):
         for k, (_, _, (kind, value)) in enumerate(node["args"]):
-            if kind != "c" or (i, k) not in varying or i in rounding:
+            if kind != "c" or (i, k) not in varying:
                 continue
             if (isinstance(value, float) or (isinstance(value, torch.Tensor) and value.dim() == 0
                                               and value.dtype.is_floating_point)):
@@ -609,7 +690,16 @@ def compile_request(req):
         with inductor_config.patch(patches):
             compiled = compile_fx(gm, examples)
 
+    # Lifted numbers that eager rounds to a half dtype (see
+    # _number_rounding) are rounded as they are passed.
+    rounding = _number_rounding(req["nodes"])
+    rounded_inputs = [(len(req["leaves"]) + j, rounding[node]) for j, (node, _) in enumerate(lifted) if node in rounding]
+
     def call(tensors):
+        if rounded_inputs:
+            tensors = list(tensors)
+            for pos, dt in rounded_inputs:
+                tensors[pos] = tensors[pos].to(dt).to(tensors[pos].dtype)
         with torch.no_grad():
             return list(compiled(*tensors))
 
