@@ -276,6 +276,24 @@ def train_step(model, opt, sched, x, y):
     return loss.item()  # the step's one sync
 
 
+def train_side_by_side(ref, got, x, y, xm, ym, steps):
+    """`steps` training steps of `ref` (CPU) and `got` (mgpu), each loss
+    against eager's, the compiles waited for after the third (the first
+    step's graph is another: it makes the optimizer's state, or has no
+    update before it); the parameters against eager's at the end. Returns
+    the tier of each step."""
+    tiers = []
+    for k in range(steps):
+        want = train_step(*ref, x, y)
+        assert abs(train_step(*got, xm, ym) - want) < 1e-4
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 2:
+            assert torch_mgpu.wait_for_compiles(300)
+    for a, b in zip(ref[0].parameters(), got[0].parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+    return tiers
+
+
 def test_background_flights_run_compiled_code(tiered, no_trial):
     # With background execution a step is cut into flights every async_ops
     # ops, the same cuts every step: each flight's graph gets hot and runs
@@ -324,15 +342,7 @@ def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered,
         assert _default_to_fused_or_foreach(list(got[0].parameters()), False, False)[1]
     xm, ym = x.to("mgpu"), y.to("mgpu")
     before = tier1_stats()
-    tiers = []
-    for k in range(10):
-        want = train_step(*ref, x, y)
-        assert abs(train_step(*got, xm, ym) - want) < 1e-4
-        tiers.append(torch_mgpu.last_plan().tier)
-        if k == 2:  # the first step makes Adam's state: its graph is another
-            assert torch_mgpu.wait_for_compiles(300)
-    for a, b in zip(ref[0].parameters(), got[0].parameters()):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+    tiers = train_side_by_side(ref, got, x, y, xm, ym, 10)
     assert tiers[:3] == [0, 0, 0] and tiers[3:] == [1] * 7, torch_mgpu._C._tier_last_error()
     after = tier1_stats()
     assert after["tier1_compiled"] - before["tier1_compiled"] == 1  # no compile per step
@@ -349,15 +359,7 @@ def test_sgd_with_a_schedule_stays_in_tier_1(tiered, no_trial, foreach):
     ref, got = make_training("cpu", False, torch.optim.SGD), make_training("mgpu", foreach, torch.optim.SGD)
     xm, ym = x.to("mgpu"), y.to("mgpu")
     before = tier1_stats()
-    tiers = []
-    for k in range(8):
-        want = train_step(*ref, x, y)
-        assert abs(train_step(*got, xm, ym) - want) < 1e-4
-        tiers.append(torch_mgpu.last_plan().tier)
-        if k == 2:
-            assert torch_mgpu.wait_for_compiles(300)
-    for a, b in zip(ref[0].parameters(), got[0].parameters()):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+    tiers = train_side_by_side(ref, got, x, y, xm, ym, 8)
     assert tiers[3:] == [1] * 5, (tiers, torch_mgpu._C._tier_last_error())
     assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] <= 1  # no compile per step (foreach=None may find False's)
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
