@@ -190,12 +190,11 @@ cuda_compile() {
 # the lanes' physical devices (CUDA stream lanes on every GPU, virtual devices
 # over one GPU, cross-device copies, errors on a stream, random graphs,
 # autograd, the seeds' workloads), the device-interface tests and lanes on
-# other ranks (a worker process on the same GPU: "rank1:cuda:0"), with the
-# GPU benchmarks (benchmarks/RESULTS-gpu.md) before the remote-lane tests, the
-# longest (a lent machine's call is 10 minutes: on an H100 the build took 2,
-# the files before test_remote 4; on an H200 on 2026-11-27 the build, the
-# files and the full benchmarks (70 s) took 8.7 minutes and test_remote was
-# cut off: pass --quick, which goes to benchmarks/gpu.py, to leave it time). Each test file runs in a process of its own
+# other ranks (a worker process on the same GPU: "rank1:cuda:0"), then the
+# GPU benchmarks (benchmarks/RESULTS-gpu.md), last (a lent machine's call is
+# 10 minutes: on an H100 on 2026-11-28 the build took 3.5 and the files
+# before test_remote 4.5, test_stream_sanitizer 100 s of them; --quick goes
+# to benchmarks/gpu.py). Each test file runs in a process of its own
 # (a crash ends that file only; 300 s at most), with a native stack printed on
 # a fatal signal (scripts/native_backtrace.c); logs go to build-gpu/logs.
 # TORCH_MGPU_GPU_PYTHON picks another interpreter.
@@ -228,8 +227,8 @@ gpu() {
   for f in $GPU_TESTS; do
     gpu_test_file "$py" "$f" "$logs" || status=1
   done
-  "$py" benchmarks/gpu.py "$@" || status=1
   gpu_test_file "$py" test_remote "$logs" || status=1
+  "$py" benchmarks/gpu.py "$@" || status=1
   return $status
 }
 

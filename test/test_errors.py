@@ -76,6 +76,20 @@ def test_bad_inputs_raise_clear_errors():
         a.expand(3, 3, 4)
 
 
+def test_a_tensor_with_no_data_is_refused_as_eager_refuses_it():
+    # A meta tensor has no values: copying it to mgpu raises eager's error
+    # for copying it to the CPU, and the mgpu tensor copied into is unharmed.
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        torch.empty(3, device="meta").to("cpu")
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        torch.empty(3, device="meta").to("mgpu")
+    x = torch.randn(3)
+    m = x.to("mgpu")
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        m.copy_(torch.empty(3, device="meta"))
+    assert torch.equal(m.cpu(), x)
+
+
 @pytest.mark.parametrize("size,stride,offset", [((2, 2), (1, 2), 10), ((20,), (1,), 0), ((3,), (5,), 0),
                                                  ((2,), (1,), 9)])
 def test_view_past_its_storage_raises_eagers_error(size, stride, offset):

@@ -54,6 +54,24 @@ def test_lanes_on_every_device_run_independent_branches(kind):
     assert torch_mgpu.last_plan().lanes_used >= 2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/dev.sh gpu runs it)")
+def test_a_cuda_tensor_copies_to_mgpu_and_back(kind):
+    # A CUDA tensor's value comes to mgpu (a new tensor, and copy_ into one
+    # of another dtype), whatever the lanes; results go back to CUDA.
+    torch_mgpu.configure(devices=devices_of(kind), lanes_per_device=1)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(33, 17, generator=g)
+    c = x.to("cuda")
+    m = c.to("mgpu")
+    d = torch.zeros(33, 17, dtype=torch.float64, device="mgpu")
+    d.copy_(c.t().t())
+    c.add_(1)  # a snapshot: later writes to the CUDA tensor do not reach it
+    assert torch.equal(m.cpu(), x)
+    assert torch.equal(d.cpu(), x.double())
+    back = (m * 2).to("cuda")
+    assert back.is_cuda and torch.equal(back.cpu(), x * 2)
+
+
 def test_virtual_devices_over_one_device_copy_values_between_them(kind):
     torch_mgpu.configure(devices=devices_of(kind, virtual=True), lanes_per_device=1, policy="heft")
     g = torch.Generator().manual_seed(2)

@@ -130,10 +130,14 @@ bool is_fresh_dense(const at::Tensor& self) {
 }
 
 at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (capture::is_mgpu(self) && !capture::is_mgpu(src) && !src.device().is_cpu()) {
+    // Another device's tensor (a CUDA one): its value comes through the
+    // host, a snapshot taken now.
+    return mgpu_copy_(self, src.to(at::kCPU), non_blocking);
+  }
   capture::StateLock lock;
   if (capture::is_mgpu(self)) {
     if (!capture::is_mgpu(src)) {
-      TORCH_CHECK(src.device().is_cpu(), "mgpu: cannot copy from a tensor on ", src.device());
       runtime::counters().bytes_transferred += src.nbytes();
       if (src.sizes() == self.sizes() && src.scalar_type() == self.scalar_type() && is_fresh_dense(self)) {
         // Host to mgpu into a fresh tensor: the snapshot is the value.

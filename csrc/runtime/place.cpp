@@ -4,6 +4,7 @@
 #include "ir/view.h"
 #include "runtime/sanitizer.h"
 
+#include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
@@ -48,6 +49,10 @@ std::vector<Place> make_places(const plan::Topology& t) {
     }
     // Under the stream sanitizer, CPU lanes are stream lanes too.
     if (!p.device.is_cpu() || stream_sanitizer_on()) {
+      // CUDA's allocator and generators are set up at its first use from
+      // Python (torch.cuda's lazy init); a process that never made a CUDA
+      // tensor itself (a worker rank, a C++ program) sets them up here.
+      if (p.device.is_cuda()) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
       c10::impl::VirtualGuardImpl impl(p.device.type());
       p.stream = impl.getStreamFromGlobalPool(p.device, /*isHighPriority=*/false);
       p.streams = true;
