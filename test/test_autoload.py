@@ -9,9 +9,16 @@ import sys
 import pytest
 
 
+def environ(**env):
+    """This process's environment with autoloading at PyTorch's default (on)
+    whatever the caller set, and env on top."""
+    base = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    return dict(base, **env)
+
+
 def run(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, **env), cwd=os.path.dirname(os.path.abspath(__file__)) + "/..")
+                          env=environ(**env), cwd=os.path.dirname(os.path.abspath(__file__)) + "/..")
 
 
 def test_import_torch_is_enough():
@@ -64,7 +71,7 @@ def test_a_broken_torch_mgpu_never_stops_import_torch(tmp_path):
     (pkg / "__init__.py").write_text("raise ImportError('torch_mgpu._C is not built')\n")
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONWARNINGS="default"))
+                         env=environ(PYTHONWARNINGS="default"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["2.0"]
     assert "torch_mgpu could not be loaded" in out.stderr and "torch_mgpu._C is not built" in out.stderr
