@@ -809,6 +809,31 @@ def test_a_varying_number_added_to_bfloat16_is_an_input_rounded_as_eager_rounds_
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_product_with_one_row_or_column_is_eager_s(tiered, no_trial, dtype):
+    # Inductor's CPU bmm with one row or one column is a sum of products,
+    # each rounded to the half dtype first where precision casts are
+    # emulated; eager sums the float32 products (difffuzz seed 3780045:
+    # einsum of a (1, 2) by a (2, 2) float16, one unit in the last place off).
+    g = torch.Generator().manual_seed(10)
+    a, b, c = (torch.randn(*s, generator=g).to(dtype) for s in [(1, 6), (6, 7), (4, 1, 6)])
+
+    def f(a, b, c):
+        return (torch.einsum("ij,jk->ik", a * 1.5, b), torch.bmm(c, b.expand(4, 6, 7)) - 1,
+                torch.einsum("ij,jk->ik", b.t(), a.t() * 2))
+
+    want = f(a, b, c)
+    tiers = []
+    for k in range(4):
+        got = [t.cpu() for t in f(a.to("mgpu"), b.to("mgpu"), c.to("mgpu"))]
+        tiers.append(torch_mgpu.last_plan().tier)
+        for w, t in zip(want, got):
+            assert torch.equal(t, w), (k, (t.float() - w.float()).abs().max())
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
 def test_erf_near_zero_and_a_product_with_false_are_eager_s(tiered, no_trial):
     # Inductor's float32 erf is off by up to 4.5e-4 relative near 0 (seed
     # 3760451: 1 / erf(x)^2); it folds x * False to 0 where NaN * False is

@@ -224,14 +224,28 @@ def _unary_formula(node):
     return lambda a, b=None: _accurate_erf(a)
 
 
+def _float32_bmm(dtype, a, b):
+    """A half or bfloat16 batched product as eager's CPU kernel computes
+    it: the products and their sum in float32, rounded once. Inductor's CPU
+    lowering turns a bmm with one row or one column into a sum of products,
+    and with precision casts emulated each product is rounded to the dtype
+    first (difffuzz seed 3780045: einsum('ij,jk->ik') of a (1, 2) and a
+    (2, 2) float16, one unit in the last place off)."""
+    return torch.bmm(a.to(torch.float32), b.to(torch.float32)).to(dtype)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
-    infinite divisor): eager's formula, a function of self and other. None
-    for other nodes; a half or bfloat16 one is not compiled (its formula
-    would round between steps where the kernel does not)."""
+    infinite divisor, a half-precision bmm): eager's formula, a function of
+    self and other. None for other nodes; a half or bfloat16 remainder or
+    floor division is not compiled (its formula would round between steps
+    where the kernel does not)."""
     name = node["op"]
     names = [n for n, _, _ in node["args"]]
+    if name == "aten::bmm" and node["args"][0][2][0] == "t":
+        dt = node["args"][0][2][1][1][3]
+        return functools.partial(_float32_bmm, dt) if dt in _REDUCED_FLOATS else None
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
