@@ -809,6 +809,38 @@ def test_a_varying_number_added_to_bfloat16_is_an_input_rounded_as_eager_rounds_
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
+def test_a_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(tiered, no_trial):
+    # Eager casts the input to out='s dtype and reduces there (a float16
+    # sum into int64 truncates each element first: difffuzz seed 3790022);
+    # the traced decomposition reduced, then cast.
+    g = torch.Generator().manual_seed(11)
+    h = (torch.randn(64, generator=g) * 3).to(torch.float16)
+    f32 = torch.randn(4096, generator=g)
+
+    def f(h, f32):
+        outs = [torch.empty(0, dtype=dt, device=h.device) for dt in
+                (torch.int64, torch.int64, torch.int64, torch.int64, torch.float64, torch.float64, torch.float64)]
+        torch.sum(h * 1, 0, out=outs[0])
+        torch.cumsum(h + 0, 0, out=outs[1])
+        torch.prod(h[:6] - 0, 0, out=outs[2])
+        torch.cumprod(h[:6] * 1, 0, out=outs[3])
+        torch.mean(f32 * 1, 0, out=outs[4])
+        torch.nansum(f32 + 0, 0, out=outs[5])
+        torch.sum(f32.view(64, 64) - 0, 1, out=outs[6])
+        return tuple(o + 0 for o in outs)
+
+    want = f(h, f32)
+    tiers = []
+    for k in range(4):
+        got = [t.cpu() for t in f(h.to("mgpu"), f32.to("mgpu"))]
+        tiers.append(torch_mgpu.last_plan().tier)
+        for n, (w, t) in enumerate(zip(want, got)):
+            assert w.dtype == t.dtype and torch.equal(t, w), (k, n, t, w)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_half_precision_product_with_one_row_or_column_is_eager_s(tiered, no_trial, dtype):
     # Inductor's CPU bmm with one row or one column is a sum of products,

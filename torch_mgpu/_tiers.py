@@ -224,6 +224,11 @@ def _unary_formula(node):
     return lambda a, b=None: _accurate_erf(a)
 
 
+# Reductions whose CPU kernel, given an out= of another dtype and no dtype
+# argument, casts the input to out='s dtype and reduces in it.
+_REDUCES_IN_OUT_DTYPE = frozenset(f"aten::{n}" for n in ("sum", "nansum", "mean", "prod", "cumsum", "cumprod"))
+
+
 def _float32_bmm(dtype, a, b):
     """A half or bfloat16 batched product as eager's CPU kernel computes
     it: the products and their sum in float32, rounded once. Inductor's CPU
@@ -475,6 +480,13 @@ def replay_fn(req, subst=None):
                     kwargs[name] = a
                 else:
                     args.append(a)
+            if (node["op"] in _REDUCES_IN_OUT_DTYPE and kwargs.get("out") is not None and "dtype" in kwargs
+                    and kwargs["dtype"] is None):
+                # Eager's kernel reduces in out='s dtype, its input cast
+                # first; the traced decomposition reduces in the input's
+                # and casts the result (difffuzz seed 3790022: a float16
+                # sum into an int64 out=, 3 in eager, 2 traced).
+                kwargs["dtype"] = kwargs["out"].dtype
             if i in formulas:
                 out = _call_eager_formula(formulas[i], node["op"], args, kwargs)
             else:
