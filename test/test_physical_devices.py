@@ -64,10 +64,17 @@ def test_a_cuda_tensor_copies_to_mgpu_and_back(kind):
     c = x.to("cuda")
     m = c.to("mgpu")
     d = torch.zeros(33, 17, dtype=torch.float64, device="mgpu")
-    d.copy_(c.t().t())
+    d.copy_(c.t().contiguous().t())  # strided source, another dtype
+    e = torch.zeros(33, 17, device="mgpu")
+    e[::2].copy_(c[::2])  # a strided source into a view
+    e[1::2].copy_(c[0])  # broadcast
     c.add_(1)  # a snapshot: later writes to the CUDA tensor do not reach it
     assert torch.equal(m.cpu(), x)
     assert torch.equal(d.cpu(), x.double())
+    want = torch.zeros(33, 17)
+    want[::2] = x[::2]
+    want[1::2] = x[0]
+    assert torch.equal(e.cpu(), want)
     back = (m * 2).to("cuda")
     assert back.is_cuda and torch.equal(back.cpu(), x * 2)
 

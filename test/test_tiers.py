@@ -809,6 +809,19 @@ def test_a_varying_number_added_to_bfloat16_is_an_input_rounded_as_eager_rounds_
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
+def test_a_half_precision_product_with_one_row_of_400_products_stays_in_tier_0(tiered, no_trial):
+    # Eager's CPU bmm takes a BLAS there, whose sums neither inductor's code
+    # nor float32 sums match.
+    g = torch.Generator().manual_seed(12)
+    a, b = (torch.randn(*s, generator=g).to(torch.float16) for s in [(1, 40), (40, 10)])
+
+    def f(a, b):
+        return (torch.einsum("ij,jk->ik", a * 2, b),)
+
+    assert run_hot(f, [a, b], atol=0) == [0, 0, 0, 0]
+    assert "400 or more products" in torch_mgpu._C._tier_last_error()
+
+
 def test_a_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(tiered, no_trial):
     # Eager casts the input to out='s dtype and reduces there (a float16
     # sum into int64 truncates each element first: difffuzz seed 3790022);
@@ -847,17 +860,18 @@ def test_a_half_precision_product_with_one_row_or_column_is_eager_s(tiered, no_t
     # each rounded to the half dtype first where precision casts are
     # emulated; eager sums the float32 products (difffuzz seed 3780045:
     # einsum of a (1, 2) by a (2, 2) float16, one unit in the last place off).
+    # Products of more rows and columns are eager's own kernel in both.
     g = torch.Generator().manual_seed(10)
-    a, b, c = (torch.randn(*s, generator=g).to(dtype) for s in [(1, 6), (6, 7), (4, 1, 6)])
+    a, b, c, d, e = (torch.randn(*s, generator=g).to(dtype) for s in [(1, 6), (6, 7), (4, 1, 6), (2, 5, 40), (2, 40, 9)])
 
-    def f(a, b, c):
+    def f(a, b, c, d, e):
         return (torch.einsum("ij,jk->ik", a * 1.5, b), torch.bmm(c, b.expand(4, 6, 7)) - 1,
-                torch.einsum("ij,jk->ik", b.t(), a.t() * 2))
+                torch.einsum("ij,jk->ik", b.t(), a.t() * 2), torch.bmm(d * 2, e))
 
-    want = f(a, b, c)
+    want = f(a, b, c, d, e)
     tiers = []
     for k in range(4):
-        got = [t.cpu() for t in f(a.to("mgpu"), b.to("mgpu"), c.to("mgpu"))]
+        got = [t.cpu() for t in f(a.to("mgpu"), b.to("mgpu"), c.to("mgpu"), d.to("mgpu"), e.to("mgpu"))]
         tiers.append(torch_mgpu.last_plan().tier)
         for w, t in zip(want, got):
             assert torch.equal(t, w), (k, (t.float() - w.float()).abs().max())

@@ -116,6 +116,10 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
     devs = [str(d) for d in devices] if devices is not None else []
     if any(d.startswith("rank") for d in devs):
         _use_process_group()
+    if any(d.startswith("cuda") for d in devs) and torch.cuda.is_available():
+        # CUDA set up as torch.cuda sets it up (its fork check included),
+        # before the lanes' streams are made.
+        torch.cuda.init()
     if compile is not None:
         _tiers.set_compile(compile)
     if compile is None or devices is not None or lanes_per_device is not None or policy is not None:

@@ -239,6 +239,29 @@ def _float32_bmm(dtype, a, b):
     return torch.bmm(a.to(torch.float32), b.to(torch.float32)).to(dtype)
 
 
+def _half_bmm_formula(node):
+    """_float32_bmm for a half or bfloat16 bmm that inductor computes as a
+    sum of products (one row or one column) and eager's CPU kernel as
+    float32 sums (its plain loop: fewer than 400 multiply-adds). Larger
+    products with one row or column go another way in eager (a BLAS) that
+    neither matches: the graph is not compiled. Other products: None
+    (inductor calls eager's own kernel)."""
+    if node["overload"] not in ("", "out"):
+        return None  # bmm.dtype: the result in another dtype
+    a, b = (node["args"][k][2] for k in range(2))
+    if a[0] != "t" or b[0] != "t" or a[1] is None or b[1] is None:
+        return None
+    dt = a[1][1][3]
+    if dt not in _REDUCED_FLOATS:
+        return None
+    (_, m, k), (_, _, n) = a[1][1][0], b[1][1][0]
+    if m != 1 and n != 1:
+        return None
+    if k * m * n >= 400:
+        raise Unsupported("a half or bfloat16 bmm with one row or column of 400 or more products")
+    return functools.partial(_float32_bmm, dt)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -248,9 +271,8 @@ def _eager_formula(node):
     where the kernel does not)."""
     name = node["op"]
     names = [n for n, _, _ in node["args"]]
-    if name == "aten::bmm" and node["args"][0][2][0] == "t":
-        dt = node["args"][0][2][1][1][3]
-        return functools.partial(_float32_bmm, dt) if dt in _REDUCED_FLOATS else None
+    if name == "aten::bmm":
+        return _half_bmm_formula(node)
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
