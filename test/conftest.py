@@ -122,17 +122,24 @@ def async_ops(n):
         torch_mgpu.set_async_ops(before)
 
 
-def run_hot(f, cpu, mg=None, atol=1e-4, runs=4):
-    """Runs `f` (returning a tuple) on the CPU tensors `cpu` and on mgpu
-    (the tensors `mg`, or `cpu` moved there afresh each run) `runs` times,
-    each result against eager's; with tier 1 on, the graph gets hot after
-    two runs, whose compiles are waited for. Returns the tier of each run."""
+def run_hot(f, cpu, mg=None, atol=1e-4, runs=4, exact=False):
+    """Runs `f` (returning a tuple, or one tensor) on the CPU tensors `cpu`
+    and on mgpu (the tensors `mg`, or `cpu` moved there afresh each run)
+    `runs` times, each result against eager's (`exact`: equal in values and
+    dtype); with tier 1 on, the graph gets hot after two runs, whose
+    compiles are waited for. Returns the tier of each run."""
+    def as_tuple(r):
+        return r if isinstance(r, tuple) else (r,)
     tiers = []
     for k in range(runs):
-        want = f(*cpu)
-        got = f(*(mg if mg is not None else [t.to("mgpu") for t in cpu]))
-        for w, t in zip(want, got):
-            torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=atol, equal_nan=True)
+        want = as_tuple(f(*cpu))
+        got = as_tuple(f(*(mg if mg is not None else [t.to("mgpu") for t in cpu])))
+        for n, (w, t) in enumerate(zip(want, got)):
+            if exact:
+                t = t.cpu()
+                assert w.dtype == t.dtype and torch.equal(t, w), (k, n, (t.double() - w.double()).abs().max())
+            else:
+                torch.testing.assert_close(t.cpu(), w, rtol=1e-4, atol=atol, equal_nan=True)
         tiers.append(torch_mgpu.last_plan().tier)
         if k == 1:
             assert torch_mgpu.wait_for_compiles(300)

@@ -57,24 +57,6 @@ def unary_chain(op, steps, factor):
 long_chain = unary_chain(torch.tanh, 100, 1.0001)
 
 
-def hot_runs_exact(f, inputs, runs=4):
-    """Runs `f` on `inputs` moved to mgpu `runs` times, each result equal
-    to eager's in values and dtype (a tuple, or one tensor); the compiles
-    waited for after the second run. Returns the tier of each run."""
-    def as_tuple(r):
-        return r if isinstance(r, tuple) else (r,)
-    want = as_tuple(f(*inputs))
-    tiers = []
-    for k in range(runs):
-        got = [t.cpu() for t in as_tuple(f(*[t.to("mgpu") for t in inputs]))]
-        tiers.append(torch_mgpu.last_plan().tier)
-        for n, (w, t) in enumerate(zip(want, got)):
-            assert w.dtype == t.dtype and torch.equal(t, w), (k, n, (t.double() - w.double()).abs().max())
-        if k == 1:
-            assert torch_mgpu.wait_for_compiles(300)
-    return tiers
-
-
 def test_a_hot_graph_is_compiled_and_runs_with_eager_results(tiered):
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(64, 32, generator=g), torch.randn(32, 32, generator=g), torch.randn(32, generator=g))
@@ -716,7 +698,7 @@ def test_numbers_meet_half_precision_tensors_as_in_eager(tiered, no_trial, dtype
         w = z.abs().add_(0.0123).pow(1.37)
         return w.fmod(0.3333) * 1.25, 5.1234 - z  # (a half remainder stays in tier 0: below)
 
-    assert hot_runs_exact(f, [x]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert run_hot(f, [x], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
 def test_a_number_recorded_for_a_tensor_argument_compiles_with_the_python_dtype(tiered, no_trial):
@@ -789,7 +771,7 @@ def test_the_dtype_an_op_computes_in_decides_rounding_and_formula(tiered, no_tri
         (lambda big: torch.floor_divide(big.neg(), 7, out=torch.empty(64, device=big.device)) + 1, [big]),
     ]
     for n, (f, inputs) in enumerate(cases):
-        tiers = hot_runs_exact(f, inputs)
+        tiers = run_hot(f, inputs, exact=True)
         assert tiers == [0, 0, 1, 1], (n, tiers, torch_mgpu._C._tier_last_error())
 
 
@@ -840,7 +822,7 @@ def test_a_reduction_into_an_out_of_another_dtype_reduces_in_its_dtype(tiered, n
         torch.sum(f32.view(64, 64) - 0, 1, out=outs[6])
         return tuple(o + 0 for o in outs)
 
-    assert hot_runs_exact(f, [h, f32]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert run_hot(f, [h, f32], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -857,7 +839,7 @@ def test_a_half_precision_product_with_one_row_or_column_is_eager_s(tiered, no_t
         return (torch.einsum("ij,jk->ik", a * 1.5, b), torch.bmm(c, b.expand(4, 6, 7)) - 1,
                 torch.einsum("ij,jk->ik", b.t(), a.t() * 2), torch.bmm(d * 2, e))
 
-    assert hot_runs_exact(f, [a, b, c, d, e]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert run_hot(f, [a, b, c, d, e], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
 def test_erf_near_zero_and_a_product_with_false_are_eager_s(tiered, no_trial):
