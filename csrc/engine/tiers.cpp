@@ -126,8 +126,27 @@ bool wrapped_number(const c10::IValue& v) {
       v.toTensor().layout() == at::kStrided;
 }
 
-// Floating and complex constants by value: the structural hash sees them by
-// class only (so that plans are shared), compiled code bakes them in.
+// A tensor constant's dtype, sizes and bytes.
+uint64_t tensor_value_hash(const at::Tensor& t) {
+  const at::Tensor c = t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg().contiguous() : t.contiguous();
+  uint64_t h = ir::hash_combine(0x7e, static_cast<uint64_t>(c.scalar_type()));
+  h = ir::hash_combine(h, t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
+  for (auto s : c.sizes()) h = ir::hash_combine(h, static_cast<uint64_t>(s));
+  const auto* bytes = static_cast<const unsigned char*>(c.const_data_ptr());
+  const size_t n = c.nbytes();
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes + i, std::min<size_t>(8, n - i));
+    h = ir::hash_combine(h, word);
+  }
+  return h;
+}
+
+// Constants by value: the structural hash sees floating ones by class only
+// (so that plans are shared) and tensor constants (numbers wrapped as 0-dim
+// tensors, `x + 3`; CPU tensors passed to an op) by dtype and shape; compiled
+// code bakes them in, so their values must match the ones it was compiled
+// with.
 uint64_t exact_hash(const c10::IValue& v) {
   if (v.isDouble()) {
     const double d = v.toDouble();
@@ -143,17 +162,17 @@ uint64_t exact_hash(const c10::IValue& v) {
     const auto s = v.toScalar();
     if (s.isFloatingPoint()) return exact_hash(s.toDouble());
     if (s.isComplex()) return exact_hash(c10::IValue(s.toComplexDouble()));
-    return 0;
+    if (s.isBoolean()) return ir::hash_combine(0xb0, s.toBool() ? 1 : 0);
+    return ir::hash_combine(0x1a, static_cast<uint64_t>(s.toLong()));
   }
   if (v.isList()) {
     uint64_t h = 0x51;
     for (const auto& e : v.toListRef()) h = ir::hash_combine(h, exact_hash(e));
     return h;
   }
-  if (wrapped_number(v)) {
-    const auto& t = v.toTensor();
-    return ir::hash_combine(static_cast<uint64_t>(t.scalar_type()), exact_hash(c10::IValue(t.item())));
-  }
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu() &&
+      v.toTensor().layout() == at::kStrided)
+    return tensor_value_hash(v.toTensor());
   if (v.isDoubleList()) {
     uint64_t h = 0x52;
     for (double d : v.toDoubleVector()) h = ir::hash_combine(h, exact_hash(d));
