@@ -744,6 +744,98 @@ def test_remainder_and_floor_division_by_infinity_are_eager_s(tiered, no_trial, 
     assert torch_mgpu.last_plan().tier == 1
 
 
+@pytest.mark.parametrize("number, compiles", [(lambda k: k, True), (lambda k: bool(k % 2), True),
+                                              (lambda k: torch.tensor(k), False),
+                                              (lambda k: torch.tensor(k % 3, dtype=torch.uint8), False)],
+                         ids=["int", "bool", "int tensor", "uint8 tensor"])
+def test_compiled_code_never_runs_with_another_integer_constant(tiered, no_trial, number, compiles):
+    # A Python int or bool is a 0-dim CPU tensor in the recorded call
+    # (`x + k`, as a 0-dim tensor passed to it), which the structural hash
+    # sees by dtype only; compiled code bakes its value in. Its value was
+    # not part of what compiled code must match: `x.sqrt() + k` ran the code
+    # compiled for k = 2 at every later step (silently off by k - 2), and
+    # `x + torch.tensor(k)` (a 0-dim tensor, which is not compiled) ran the
+    # code of `x + 2`.
+    x = torch.rand(8, generator=torch.Generator().manual_seed(5)) + 0.1
+    xm = x.to("mgpu")
+    for k in range(1, 8):
+        want = x.sqrt() * 1.5 + number(k)
+        torch.testing.assert_close((xm.sqrt() * 1.5 + number(k)).cpu(), want)
+        if k == 2:
+            assert torch_mgpu.wait_for_compiles(300)
+    # With the same value each step, a number's graph still reaches tier 1.
+    for k in range(4):
+        torch.testing.assert_close((xm.sqrt() * 1.5 + number(2)).cpu(), x.sqrt() * 1.5 + number(2))
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert torch_mgpu.last_plan().tier == (1 if compiles else 0)
+
+
+def test_a_number_divided_by_infinity_is_eager_s(tiered, no_trial):
+    # `3.0 // x` and `2.5 % x` (a number as self): eager gives -1 for
+    # 3.0 // -inf, inductor's floor(a / b) -0.0 (difffuzz seed 3810566).
+    special = [0.0, -0.0, 1.39, -0.48, float("inf"), float("-inf"), float("nan"), 2.5]
+    x = torch.cat([torch.tensor(special), torch.randn(24, generator=torch.Generator().manual_seed(4)) * 4])
+
+    def f(x):
+        y = x * 1.0
+        return 3.0 // y, 2.5 % y, (-1.59) // y, torch.remainder(-7.25, y)
+
+    assert run_hot(f, [x]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    for w, t in zip(f(x), f(x.to("mgpu"))):
+        torch.testing.assert_close(t.cpu(), w, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(*[torch.signbit(v) & ~v.isnan() for v in (t.cpu(), w)])
+    assert torch_mgpu.last_plan().tier == 1
+
+
+def test_optimizer_arithmetic_rounds_as_eager_s_fused_multiply_add(tiered, no_trial):
+    # Eager's float32 kernels of add/sub with alpha, addcmul and lerp round
+    # once (a fused multiply-add), addcdiv multiplies before it divides;
+    # inductor's code rounds the product first or divides first: about one
+    # result in six a unit in the last place off (difffuzz seed 3810534,
+    # an argmax over such results). The replay keeps eager's rounding: the
+    # same bits, in-place and out= too.
+    g = torch.Generator().manual_seed(7)
+    s, a, b, w = (torch.randn(512, generator=g) for _ in range(4))
+    b = b.abs() + 0.5
+
+    def f(s, a, b, w):
+        o = torch.empty_like(s)
+        torch.addcmul(s, a, b, value=0.3, out=o)
+        t = s.clone()
+        t.addcdiv_(a, b, value=-0.7)
+        return (torch.add(s, a, alpha=0.3), s.sub(a, alpha=1.7), torch.addcmul(s, a, b), o, t,
+                torch.lerp(s, a, 0.3), s.lerp(a, 0.7), torch.lerp(s, a, w), s.clone().lerp_(a, -0.2),
+                torch.addcmul(s, a, b, value=-2.5) * 1.0, (s * 1.0).add_(a, alpha=-1e-2))
+
+    assert run_hot(f, [s, a, b, w], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
+def test_sgd_steps_with_a_schedule_in_tier_1_are_eager_s_bits(tiered, no_trial):
+    # SGD's update p.add_(g, alpha=-lr), the schedule's lr an input of the
+    # compiled graph (rounded to float32 as it is passed, as eager's kernel
+    # takes it), rounds as eager's kernel: the parameters after each step
+    # in tier 1 are eager's to the bit.
+    ref, got = make_training("cpu", False, torch.optim.SGD), make_training("mgpu", False, torch.optim.SGD)
+    params = list(got[0].parameters())
+    tiers = []
+    for k in range(6):
+        # The step's gradients as eager's: only the update is compared.
+        for model in (ref[0], got[0]):
+            for p, q in zip(model.parameters(), ref[0].parameters()):
+                p.grad = torch.sin(q.detach() * 3.0 + k).to(p.device)
+        for opt, sched in (ref[1:], got[1:]):
+            opt.step()
+            sched.step()
+        for p, q in zip(params, ref[0].parameters()):
+            assert torch.equal(p.detach().cpu(), q.detach()), k
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 2:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers[3:] == [1] * 3, (tiers, torch_mgpu._C._tier_last_error())
+    assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
+
+
 def test_remainder_of_half_precision_stays_in_tier_0(tiered, no_trial):
     a = torch.randn(16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
 

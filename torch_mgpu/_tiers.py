@@ -155,15 +155,18 @@ def _compute_dtype(node):
 
 
 def _number_rounding(nodes):
-    """node index -> the reduced floating dtype its number operands are
-    rounded to (see _ROUNDS_NUMBER_TO_DTYPE), for the nodes where eager
-    rounds them: those that compute in half or bfloat16."""
+    """node index -> the floating dtype its number operands are rounded to,
+    for the nodes where eager rounds them: those of _ROUNDS_NUMBER_TO_DTYPE
+    that compute in half or bfloat16, and the float32 nodes replayed by
+    eager's multiply-add formulas (see _fma_formula)."""
     out = {}
     for i, n in enumerate(nodes):
         if n["op"] in _ROUNDS_NUMBER_TO_DTYPE:
             dt = _compute_dtype(n)
             if dt in _REDUCED_FLOATS:
                 out[i] = dt
+        if i not in out and _fma_formula(n) is not None:
+            out[i] = torch.float32  # eager's float32 kernel takes its Scalars in float32
     return out
 
 
@@ -262,6 +265,116 @@ def _half_bmm_formula(node):
     return functools.partial(_float32_bmm, dt)
 
 
+def _float32_number(v):
+    """A number (or a lifted number's 0-dim tensor) as float32 holds it, as a
+    float or a float32 tensor: eager's kernel takes a Scalar in float32
+    arithmetic (opmath) for float32 tensors."""
+    if isinstance(v, torch.Tensor):
+        return v.to(torch.float32)
+    try:
+        return struct.unpack("f", struct.pack("f", float(v)))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _fma(x, y, z):
+    """x * y + z of float32 values rounded once, as a fused multiply-add
+    rounds (the product is exact in float64; the sum is rounded to float64
+    and then to float32, which differs from one rounding only when the first
+    lands on a float32 tie: about once in 2^29)."""
+    def f64(v):
+        return v.to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
+    return (f64(x) * f64(y) + f64(z)).to(torch.float32)
+
+
+def _eager_add(negate, self, other, alpha):
+    """add/sub with alpha on float32: eager's kernel computes
+    fma(other, alpha, self); inductor multiplies, rounds and adds. (Numbers
+    come rounded to float32: see _number_rounding; a number is used as it
+    is, so that a varying one can be lifted.)"""
+    other, self = other.to(torch.float32).to(torch.float64), self.to(torch.float32).to(torch.float64)
+    alpha = alpha.to(torch.float64) if isinstance(alpha, torch.Tensor) else alpha
+    return ((self - other * alpha) if negate else (other * alpha + self)).to(torch.float32)
+
+
+def _eager_addcmul(self, t1, t2, value):
+    """addcmul on float32: fma(value * tensor1, tensor2, self) (the first
+    product rounded); inductor rounds value * tensor1 * tensor2 and adds."""
+    return _fma(t1 * value, t2, self)
+
+
+def _eager_addcdiv(self, t1, t2, value):
+    """addcdiv on float32: self + (value * tensor1) / tensor2, in that order
+    (inductor's decomposition divides first)."""
+    return self + (t1 * value) / t2
+
+
+def _eager_lerp(self, end, weight):
+    """lerp on float32 as at::lerp: self + weight * (end - self) for
+    |weight| < 0.5, else end - (end - self) * (1 - weight), each a fused
+    multiply-add; inductor rounds the product first."""
+    d = end - self
+    if isinstance(weight, torch.Tensor):
+        w = weight.to(torch.float32)
+        return torch.where(w.abs() < 0.5, _fma(w, d, self), _fma(d, 1 - w, -end).neg())
+    if abs(weight) < 0.5:
+        return _fma(weight, d, self)
+    return _fma(d, _float32_number(1 - weight), -end).neg()
+
+
+class _WholeCall:
+    """A formula that takes the node's arguments as the op does (self and
+    the rest positional, Scalars by name), not just self and other."""
+
+    def __init__(self, fn, names):
+        self.fn, self.names = fn, names
+
+    def __call__(self, args, kwargs):
+        vals = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        return self.fn(*vals)
+
+
+def _fma_formula(node):
+    """For a float32 add/sub with alpha, addcmul, addcdiv or lerp (what
+    optimizers' steps are made of): eager's kernel's rounding (see
+    _eager_add and the others), which inductor's code does not keep (about
+    one element in six is a unit in the last place off: difffuzz seed
+    3810534, an argmax over the results). None for other nodes and dtypes."""
+    name = node["op"].rstrip("_")
+    args = node["args"]
+    names = [n for n, _, _ in args]
+
+    def float32_tensor(k):
+        kind, value = args[k][2]
+        return kind == "t" and value is not None and value[1][3] == torch.float32
+
+    def number_or_float32(k):
+        kind, value = args[k][2]
+        return (kind == "c" and type(value) in (bool, int, float)) or float32_tensor(k)
+
+    if name in ("aten::add", "aten::sub"):
+        if len(args) < 3 or names[2] != "alpha" or not (float32_tensor(0) and float32_tensor(1)):
+            return None
+        kind, alpha = args[2][2]
+        if kind != "c" or type(alpha) not in (bool, int, float) or alpha == 1:
+            return None
+        return _WholeCall(functools.partial(_eager_add, name == "aten::sub"), ["self", "other", "alpha"])
+    if name in ("aten::addcmul", "aten::addcdiv"):
+        if len(args) < 4 or names[3] != "value" or not all(float32_tensor(k) for k in range(3)):
+            return None
+        if not number_or_float32(3) or args[3][2][0] != "c":
+            return None
+        fn = _eager_addcmul if name == "aten::addcmul" else _eager_addcdiv
+        return _WholeCall(fn, ["self", "tensor1", "tensor2", "value"])
+    if name == "aten::lerp":
+        if len(args) < 3 or names[2] != "weight" or not (float32_tensor(0) and float32_tensor(1)):
+            return None
+        if not number_or_float32(2):
+            return None
+        return _WholeCall(_eager_lerp, ["self", "end", "weight"])
+    return None
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -273,6 +386,9 @@ def _eager_formula(node):
     names = [n for n, _, _ in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
+    fma = _fma_formula(node)
+    if fma is not None:
+        return fma
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
@@ -284,8 +400,8 @@ def _eager_formula(node):
         formula = _eager_floor_divide
     else:
         return None
-    if node["args"][0][2][0] != "t":
-        return None  # a number as self: inductor's code as it is
+    if node["args"][0][2][0] != "t" and node["args"][1][2][0] != "t":
+        return None  # no tensor operand (a number's remainder by a 0-dim one): inductor's code as it is
     dt = _compute_dtype(node)
     if dt is None or not dt.is_floating_point:
         return None  # integers (inductor's code agrees; an out= of another dtype takes the cast)
@@ -298,24 +414,31 @@ def _in_dtype(formula, dtype, a, b):
     """`formula` on a and b in the dtype the op computes in, as eager's
     kernel sees them: a number or tensor of another dtype cast to it first
     (1e-50 is 0 in float32: eager divides by 0 there)."""
-    if isinstance(b, torch.Tensor):
-        b = b.to(dtype)
-    elif type(b) in (bool, int, float) and dtype == torch.float32:
-        # Python's own float32 rounding: torch.tensor here would be
-        # recorded into the traced graph.
-        try:
-            b = struct.unpack("f", struct.pack("f", b))[0]
-        except OverflowError:
-            b = math.copysign(math.inf, b)
-    return formula(a.to(dtype), b)
+    def cast(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(dtype)
+        if type(v) in (bool, int, float) and dtype == torch.float32:
+            # Python's own float32 rounding: torch.tensor here would be
+            # recorded into the traced graph.
+            return _float32_number(v)
+        return v
+    a, b = cast(a), cast(b)
+    if not isinstance(a, torch.Tensor):
+        # A number as self (`3.0 // x`, difffuzz seed 3810566: 3.0 // -inf
+        # is -1 in eager, -0.0 in inductor's code): as a tensor like b.
+        a = torch.full_like(b, a)
+    return formula(a, b)
 
 
 def _call_eager_formula(formula, op_name, args, kwargs):
     """The node's result by `formula` (see _eager_formula), written where the
     op writes: into self for the in-place op, into out= for an out variant."""
     a = args[0] if args else kwargs["self"]
-    b = args[1] if len(args) > 1 else kwargs.get("other")
-    result = formula(a, b)
+    if isinstance(formula, _WholeCall):
+        result = formula(args, kwargs)
+    else:
+        b = args[1] if len(args) > 1 else kwargs.get("other")
+        result = formula(a, b)
     if op_name.endswith("_"):
         return a.copy_(result)
     if kwargs.get("out") is not None:
@@ -496,7 +619,7 @@ def replay_fn(req, subst=None):
                     a = tensor(value)
                 else:
                     a = [tensor(r) for r in value]
-                if i in alpha_factor and k == alpha_factor[i]:
+                if i in alpha_factor and k == alpha_factor[i] and i not in formulas:
                     args[1] = args[1] * a  # other * alpha, and no alpha
                 elif kwarg_only:
                     kwargs[name] = a
