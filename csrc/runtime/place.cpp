@@ -35,6 +35,8 @@ int cuda_device_count() {
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
 }
 
+void init_cuda() { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); }
+
 std::vector<Place> make_places(const plan::Topology& t) {
   std::vector<Place> out;
   out.reserve(t.lanes.size());
@@ -49,10 +51,7 @@ std::vector<Place> make_places(const plan::Topology& t) {
     }
     // Under the stream sanitizer, CPU lanes are stream lanes too.
     if (!p.device.is_cpu() || stream_sanitizer_on()) {
-      // CUDA's allocator and generators are set up at its first use from
-      // Python (torch.cuda's lazy init); a process that never made a CUDA
-      // tensor itself (a worker rank, a C++ program) sets them up here.
-      if (p.device.is_cuda()) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+      if (p.device.is_cuda()) init_cuda();
       c10::impl::VirtualGuardImpl impl(p.device.type());
       p.stream = impl.getStreamFromGlobalPool(p.device, /*isHighPriority=*/false);
       p.streams = true;

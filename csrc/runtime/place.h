@@ -45,6 +45,11 @@ c10::Device physical_device(const std::string& name);
 c10::Device device_on_rank(const std::string& name);
 // Visible CUDA devices: 0 in a CPU build or on a machine with no GPU.
 int cuda_device_count();
+// Sets CUDA up in this process (its caching allocator and generators), as
+// torch.cuda's lazy init does at a Python program's first CUDA tensor: a
+// process that never made one itself (a worker rank, a C++ program) calls
+// this before its lanes allocate on a GPU. Cheap after the first call.
+void init_cuda();
 // One place per lane: a CUDA lane takes its own stream from the device's pool.
 std::vector<Place> make_places(const plan::Topology& t);
 

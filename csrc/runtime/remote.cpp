@@ -676,7 +676,7 @@ struct Worker {
       TORCH_CHECK(index >= 0 && index < cuda_device_count(), "torch_mgpu: a program for cuda:", index,
                   ", and this rank sees ", cuda_device_count(), " CUDA device(s)");
       p.device = c10::Device(type, static_cast<c10::DeviceIndex>(index));
-      at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // a worker may not have used CUDA yet
+      init_cuda();  // a worker may not have used CUDA yet
     }
     p.slots = r.get<uint32_t>();
     TORCH_CHECK(p.slots <= (1u << 24), "torch_mgpu: a program with ", p.slots, " slots");
