@@ -798,6 +798,8 @@ def test_optimizer_arithmetic_rounds_as_eager_s_fused_multiply_add(tiered, no_tr
     g = torch.Generator().manual_seed(7)
     s, a, b, w = (torch.randn(512, generator=g) for _ in range(4))
     b = b.abs() + 0.5
+    # Zero results: +0.0 in eager's lerp, whichever weight.
+    s[:8], a[:8], s[8:12], a[8:12] = 0.0, 0.0, -3.0, 1.0
 
     def f(s, a, b, w):
         o = torch.empty_like(s)
@@ -806,9 +808,22 @@ def test_optimizer_arithmetic_rounds_as_eager_s_fused_multiply_add(tiered, no_tr
         t.addcdiv_(a, b, value=-0.7)
         return (torch.add(s, a, alpha=0.3), s.sub(a, alpha=1.7), torch.addcmul(s, a, b), o, t,
                 torch.lerp(s, a, 0.3), s.lerp(a, 0.7), torch.lerp(s, a, w), s.clone().lerp_(a, -0.2),
-                torch.addcmul(s, a, b, value=-2.5) * 1.0, (s * 1.0).add_(a, alpha=-1e-2))
+                torch.addcmul(s, a, b, value=-2.5) * 1.0, (s * 1.0).add_(a, alpha=-1e-2),
+                torch.lerp(s, a, 0.75), s.lerp(a, 1.0), torch.lerp(s, a, w.abs() + 0.5))
 
     assert run_hot(f, [s, a, b, w], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    for want, got in zip(f(s, a, b, w), f(*(t.to("mgpu") for t in (s, a, b, w)))):
+        assert torch.equal(torch.signbit(got.cpu()), torch.signbit(want))  # +0.0 as eager's (equal holds -0.0 == 0.0)
+    assert torch_mgpu.last_plan().tier == 1
+    # A value of False multiplies as 0.0 does (inductor folds a product
+    # with False to 0): inf * False is NaN, as in eager.
+    a[:4] = float("inf")
+
+    def g(s, a, b):
+        return torch.addcmul(s, a, b, value=False), torch.addcdiv(s * 1.0, a, b, value=False)
+
+    assert run_hot(g, [s, a, b]) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert g(s, a, b)[0][:4].isnan().all()
 
 
 def test_sgd_steps_with_a_schedule_in_tier_1_are_eager_s_bits(tiered, no_trial):

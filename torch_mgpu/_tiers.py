@@ -287,26 +287,32 @@ def _fma(x, y, z):
     return (f64(x) * f64(y) + f64(z)).to(torch.float32)
 
 
+def _not_bool(v):
+    """A bool number as 0.0 or 1.0: inductor folds a product with False to
+    0 (NaN * False is NaN in eager)."""
+    return float(v) if type(v) is bool else v
+
+
 def _eager_add(negate, self, other, alpha):
     """add/sub with alpha on float32: eager's kernel computes
     fma(other, alpha, self); inductor multiplies, rounds and adds. (Numbers
     come rounded to float32: see _number_rounding; a number is used as it
     is, so that a varying one can be lifted.)"""
     other, self = other.to(torch.float32).to(torch.float64), self.to(torch.float32).to(torch.float64)
-    alpha = alpha.to(torch.float64) if isinstance(alpha, torch.Tensor) else alpha
+    alpha = alpha.to(torch.float64) if isinstance(alpha, torch.Tensor) else _not_bool(alpha)
     return ((self - other * alpha) if negate else (other * alpha + self)).to(torch.float32)
 
 
 def _eager_addcmul(self, t1, t2, value):
     """addcmul on float32: fma(value * tensor1, tensor2, self) (the first
     product rounded); inductor rounds value * tensor1 * tensor2 and adds."""
-    return _fma(t1 * value, t2, self)
+    return _fma(t1 * _not_bool(value), t2, self)
 
 
 def _eager_addcdiv(self, t1, t2, value):
     """addcdiv on float32: self + (value * tensor1) / tensor2, in that order
     (inductor's decomposition divides first)."""
-    return self + (t1 * value) / t2
+    return self + (t1 * _not_bool(value)) / t2
 
 
 def _eager_lerp(self, end, weight):
@@ -316,10 +322,12 @@ def _eager_lerp(self, end, weight):
     d = end - self
     if isinstance(weight, torch.Tensor):
         w = weight.to(torch.float32)
-        return torch.where(w.abs() < 0.5, _fma(w, d, self), _fma(d, 1 - w, -end).neg())
+        return torch.where(w.abs() < 0.5, _fma(w, d, self), _fma(d, w - 1, end))
     if abs(weight) < 0.5:
         return _fma(weight, d, self)
-    return _fma(d, _float32_number(1 - weight), -end).neg()
+    # end + (end - self) * (weight - 1): the kernel's form, whose zero is
+    # +0.0 (end - d * (1 - w) negated would give -0.0).
+    return _fma(d, _float32_number(weight - 1), end)
 
 
 class _WholeCall:
