@@ -282,9 +282,12 @@ def _fma(x, y, z):
     rounds (the product is exact in float64; the sum is rounded to float64
     and then to float32, which differs from one rounding only when the first
     lands on a float32 tie: about once in 2^29)."""
-    def f64(v):
-        return v.to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
-    return (f64(x) * f64(y) + f64(z)).to(torch.float32)
+    return (_f64(x) * _f64(y) + _f64(z)).to(torch.float32)
+
+
+def _f64(v):
+    """A float32 tensor or a number in float64 (exactly)."""
+    return v.to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
 
 
 def _not_bool(v):
@@ -298,9 +301,10 @@ def _eager_add(negate, self, other, alpha):
     fma(other, alpha, self); inductor multiplies, rounds and adds. (Numbers
     come rounded to float32: see _number_rounding; a number is used as it
     is, so that a varying one can be lifted.)"""
-    other, self = other.to(torch.float32).to(torch.float64), self.to(torch.float32).to(torch.float64)
-    alpha = alpha.to(torch.float64) if isinstance(alpha, torch.Tensor) else _not_bool(alpha)
-    return ((self - other * alpha) if negate else (other * alpha + self)).to(torch.float32)
+    if not negate:
+        return _fma(other, alpha, self)
+    # self - other * alpha, not a negated alpha: a number is used as it is.
+    return (_f64(self) - _f64(other) * _f64(alpha)).to(torch.float32)
 
 
 def _eager_addcmul(self, t1, t2, value):
@@ -356,28 +360,25 @@ def _fma_formula(node):
         kind, value = args[k][2]
         return kind == "t" and value is not None and value[1][3] == torch.float32
 
-    def number_or_float32(k):
+    def number(k):
         kind, value = args[k][2]
-        return (kind == "c" and type(value) in (bool, int, float)) or float32_tensor(k)
+        return kind == "c" and type(value) in (bool, int, float)
 
     if name in ("aten::add", "aten::sub"):
         if len(args) < 3 or names[2] != "alpha" or not (float32_tensor(0) and float32_tensor(1)):
             return None
-        kind, alpha = args[2][2]
-        if kind != "c" or type(alpha) not in (bool, int, float) or alpha == 1:
+        if not number(2) or args[2][2][1] == 1:
             return None
         return _WholeCall(functools.partial(_eager_add, name == "aten::sub"), ["self", "other", "alpha"])
     if name in ("aten::addcmul", "aten::addcdiv"):
-        if len(args) < 4 or names[3] != "value" or not all(float32_tensor(k) for k in range(3)):
-            return None
-        if not number_or_float32(3) or args[3][2][0] != "c":
+        if len(args) < 4 or names[3] != "value" or not all(float32_tensor(k) for k in range(3)) or not number(3):
             return None
         fn = _eager_addcmul if name == "aten::addcmul" else _eager_addcdiv
         return _WholeCall(fn, ["self", "tensor1", "tensor2", "value"])
     if name == "aten::lerp":
         if len(args) < 3 or names[2] != "weight" or not (float32_tensor(0) and float32_tensor(1)):
             return None
-        if not number_or_float32(2):
+        if not (number(2) or float32_tensor(2)):
             return None
         return _WholeCall(_eager_lerp, ["self", "end", "weight"])
     return None
