@@ -1225,3 +1225,18 @@ def test_a_product_with_zero_keeps_nan_and_inf(tiered, no_trial):
 
     tiers = run_hot(f, [x])
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_zero_tensor_returned_by_compiled_code_reads_as_zeros(tiered, no_trial):
+    # The gradient of a sign is autograd's `_efficientzerotensor`, which
+    # inductor returns as a ZeroTensor: a storage with no bytes behind it.
+    # Tier 1 kept that storage as the value's bytes, and reading the value
+    # crashed the process (difffuzz seed 3811503).
+    def f(x):
+        x = x.detach().requires_grad_()
+        g, = torch.autograd.grad(x.abs().sum(), [x], create_graph=True)
+        gg, = torch.autograd.grad(g.exp().sum(), [x])
+        return g.detach(), gg
+
+    tiers = run_hot(f, [torch.tensor([2.11, -0.02, 0.5])], exact=True)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

@@ -695,8 +695,12 @@ struct Values {
         geom.strides = {1};
       }
       c10::Storage s;
-      if (t.defined() && t.layout() == at::kStrided) written.push_back(t.storage().data());
-      bool own = t.defined() && t.layout() == at::kStrided && t.device() == place.device &&
+      // A ZeroTensor (inductor returns autograd's `_efficientzerotensor` as
+      // one) has no bytes behind its storage: its value is copied (zeros).
+      const bool has_bytes = t.defined() && t.layout() == at::kStrided && !t._is_zerotensor() &&
+          (t.storage().nbytes() == 0 || t.storage().data() != nullptr);
+      if (has_bytes) written.push_back(t.storage().data());
+      bool own = has_bytes && t.device() == place.device &&
           capture::geometry_of(t) == geom && t.storage().nbytes() >= o.nbytes && !input_bytes.count(t.storage().data());
       if (own) {
         std::lock_guard<std::mutex> lock(m);
