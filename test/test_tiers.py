@@ -1240,3 +1240,47 @@ def test_a_zero_tensor_returned_by_compiled_code_reads_as_zeros(tiered, no_trial
 
     tiers = run_hot(f, [torch.tensor([2.11, -0.02, 0.5])], exact=True)
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_view_of_a_buffer_written_later_reads_it_before_the_write(tiered, no_trial):
+    # Inductor's code for an as_strided view of a buffer the graph made
+    # read it after a later copy into the same bytes: `y =
+    # x.repeat_interleave(2)` (a copy of an expanded view of x), then
+    # `x[:] = z`, gave y z's values (difffuzz seed 3811486).
+    def f(x, i):
+        a = x * x
+        b = a.relu()
+        z = b.index_select(0, i)
+        v = x.view(-1)
+        v.fill_(True)
+        y = v.repeat_interleave(2, 0)
+        v[:] = z
+        return x, a, b, z, y
+
+    tiers = []
+    for k in range(4):
+        want = f(torch.tensor([0.0, -1.13, -1.2]), torch.tensor([0, 1, 0]))
+        got = f(torch.tensor([0.0, -1.13, -1.2]).to("mgpu"), torch.tensor([0, 1, 0]).to("mgpu"))
+        for w, t in zip(want, got):
+            assert torch.equal(t.cpu(), w), (k, t.cpu(), w)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_strided_reads_of_a_made_buffer_are_as_strided_s():
+    from torch_mgpu._tiers import _strided_read
+    g = torch.Generator().manual_seed(11)
+    flat = torch.randn(200, generator=g)
+    geometries = [([3, 2], [1, 0], 0), ([4], [2], 3), ([2, 3], [1, 2], 5), ([2, 3, 4], [12, 1, 3], 1),
+                  ([], [], 7), ([5, 1, 2], [4, 9, 1], 2), ([0, 3], [3, 1], 0), ([3, 3], [2, 1], 0),
+                  ([2, 2, 2], [0, 5, 1], 9), ([3, 4], [10, 2], 4)]
+    for _ in range(40):
+        n = int(torch.randint(1, 4, (), generator=g))
+        sizes = torch.randint(1, 5, (n,), generator=g).tolist()
+        strides = torch.randint(0, 9, (n,), generator=g).tolist()
+        geometries.append((sizes, strides, int(torch.randint(0, 20, (), generator=g))))
+    for sizes, strides, offset in geometries:
+        want = torch.as_strided(flat, sizes, strides, offset)
+        assert torch.equal(_strided_read(flat, sizes, strides, offset), want), (sizes, strides, offset)

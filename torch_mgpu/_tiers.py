@@ -96,6 +96,43 @@ def _contiguous(sizes, strides):
     return True
 
 
+def _strided_read(flat, sizes, strides, offset):
+    """The elements of the 1-D tensor `flat` that the geometry places, for
+    a buffer the graph makes (not one of its inputs). Inductor's code for
+    an as_strided view of such a buffer may read it after a later write
+    into its bytes (a copy of it that reuses them): difffuzz seed 3811486,
+    `y = x.repeat_interleave(2); x[:] = z` gave y z's values. A geometry
+    that is a slice of the bytes, split into dims, permuted and expanded
+    (stride 0) is read as those views; others by an index computed from
+    the strides (a gather)."""
+    dims = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
+    order = sorted(dims, key=lambda d: -strides[d])
+    numel = 1
+    for d in sizes:
+        numel *= d
+    step = strides[order[-1]] if order else 1
+    nested = step > 0 and numel > 0 and all(
+        strides[a] == strides[b] * sizes[b] for a, b in zip(order, order[1:]))
+    if nested:
+        span = 1 + sum((sizes[d] - 1) * strides[d] for d in order)
+        if offset + span <= flat.numel():
+            t = flat[offset:offset + span:step].view([sizes[d] for d in order])
+            # Back to the geometry's order of dims, then its size-1 and
+            # expanded ones.
+            inverse = sorted(range(len(order)), key=lambda k: order[k])
+            t = t.permute(inverse) if order else t.reshape(())
+            shape = [1] * len(sizes)
+            for d in order:
+                shape[d] = sizes[d]
+            return t.reshape(shape).expand(sizes)
+    index = offset
+    for d, (n, st) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
+        shape[d] = n
+        index = index + torch.arange(n, device=flat.device).view(shape) * st
+    return flat[index]
+
+
 def _permutation(fresh, geom):
     """The order of `fresh`'s dims that `geom` is (a transpose or permute
     of it: the same offset, each dim one of fresh's with its size and
@@ -531,7 +568,7 @@ def replay_fn(req, subst=None):
                 flat_of[v] = flat
             return flat_of[v]
 
-        def view(v, geom):
+        def view(v, geom, written=False):
             base, fresh = env[v]
             sizes, strides, offset, dtype = geom
             if base.dtype != dtype:
@@ -559,6 +596,11 @@ def replay_fn(req, subst=None):
             if _contiguous(sizes, strides) and offset + numel <= base.numel():
                 # Views inductor follows better than as_strided.
                 return base.narrow(0, offset, numel).view(sizes)
+            # A buffer the graph made is read by views or a gather (see
+            # _strided_read); one the op writes through the view must be
+            # its bytes (as_strided).
+            if not written and not any(base is leaf for leaf in leaves):
+                return _strided_read(base, sizes, strides, offset)
             return torch.as_strided(base, sizes, strides, offset)
 
         for i, (node, op) in enumerate(zip(nodes, ops)):
@@ -601,7 +643,7 @@ def replay_fn(req, subst=None):
                 operand, geom, tag = r
                 if tag >= 0 and tag in same:
                     return same[tag]
-                t = view(operands[operand], grown.get(operand, geom))
+                t = view(operands[operand], grown.get(operand, geom), written=operand in written)
                 if tag >= 0:
                     same[tag] = t
                 return t
