@@ -1284,3 +1284,18 @@ def test_strided_reads_of_a_made_buffer_are_as_strided_s():
     for sizes, strides, offset in geometries:
         want = torch.as_strided(flat, sizes, strides, offset)
         assert torch.equal(_strided_read(flat, sizes, strides, offset), want), (sizes, strides, offset)
+
+
+def test_a_quotient_that_overflows_floor_divides_as_eager(tiered, no_trial):
+    # 1 // 1.4e-45 is inf in eager (its fmod is exact: 0); inductor's fmod
+    # is NaN where a / b overflows, and its floor division was NaN
+    # (difffuzz seed 3811374).
+    tiny = torch.tensor([1.4013e-45, -1.4013e-45, 1e-40, 3e-39, 1.4013e-45, -2e-44, 1e-40, 1e-38])
+    a = torch.tensor([1.0, 3.0, -4.0, 2.5, 0.0, float("inf"), float("nan"), 1e30])
+
+    def f(a, b):
+        y = b * 1.0
+        return torch.floor_divide(a, y), torch.div(a * 1.0, y, rounding_mode="floor"), (a * 2) // y
+
+    tiers = run_hot(f, [a, tiny])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())

@@ -239,8 +239,13 @@ def _eager_floor_divide(a, b):
     div = torch.where((mod != 0) & ((mod < 0) != (b < 0)), div - 1, div)
     floor = torch.floor(div)
     floor = torch.where(div - floor > 0.5, floor + 1, floor)
-    out = torch.where(div != 0, floor, torch.copysign(torch.zeros_like(div), a / b))
-    return torch.where(b == 0, a / b, out) if isinstance(b, torch.Tensor) else out
+    quotient = a / b
+    out = torch.where(div != 0, floor, torch.copysign(torch.zeros_like(div), quotient))
+    # A finite a over a b so small that the quotient overflows: eager's
+    # exact fmod leaves a, so it is a / b, infinite. Inductor's fmod is NaN
+    # there (difffuzz seed 3811374: 1 // 1.4e-45).
+    out = torch.where(torch.isinf(quotient) & torch.isfinite(a), quotient, out)
+    return torch.where(b == 0, quotient, out) if isinstance(b, torch.Tensor) else out
 
 
 def _accurate_erf(x):
