@@ -1644,6 +1644,34 @@ def differ(a, b):
     return None if a == b else f"cpu {a!r}, mgpu {b!r}"
 
 
+# The float whose bytes a dtype view reads as integers (view_expr's reinterprets).
+_FLOAT_OF_SIZE = {torch.int32: torch.float32, torch.int64: torch.float64}
+
+
+def close_as_viewed_floats(prog, name, a, b):
+    """Whether the integers `a` (cpu) and `b` (mgpu) of `name`, which a
+    dtype view of a float reaches, are that float's bits within the
+    tolerance the configuration loosens: compiled code rounds a float
+    otherwise (a layer norm, a variance), and its bits read as an integer
+    differ by units (seeds 3740304, 3810610, 3810978). Never where the
+    tolerance is eager's own, and never for elements that differ as small
+    integers (floats below the normal range)."""
+    if TOLERANCE["rtol"] == 0 and TOLERANCE["atol"] == 0:
+        return False
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype \
+            or a.shape != b.shape or a.dtype not in _FLOAT_OF_SIZE:
+        return False
+    views = {j: st.stores for j, st in enumerate(prog.stmts) if st.tag.endswith("view_dtype")}
+    if name not in tainted(prog, views):
+        return False
+    fa, fb = a.view(_FLOAT_OF_SIZE[a.dtype]), b.view(_FLOAT_OF_SIZE[a.dtype])
+    tiny = torch.finfo(fa.dtype).tiny
+    differing = a != b
+    if not bool(((fa.abs() >= tiny) & (fb.abs() >= tiny))[differing].all()):
+        return False
+    return differ(fa, fb) is None
+
+
 def surfaced_at_a_sync(error, got, i):
     """Whether eager's `error` at statement i, which mgpu did not raise at
     the call, was raised by mgpu at a later sync point, with eager's class
@@ -1715,7 +1743,7 @@ def compare(prog, ref, got):
                                        f"mgpu {b if isinstance(b, Raised) else 'ok'}"))
             continue
         why = differ(a, b)
-        if why:
+        if why and not close_as_viewed_floats(prog, name, a, b):
             at_end.append(Mismatch(i, name, "value", prog.stmts[i].tag, why))
     at_end.sort(key=lambda m: m.index)
     if got.sync is not None and ref.sync is None:

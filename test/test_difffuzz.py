@@ -362,3 +362,33 @@ def test_one_tensor_as_both_out_tensors_ends_laid_out_as_eagers():
     with difffuzz.configured(difffuzz.CONFIGS[0]):
         got = difffuzz.run(prog, "mgpu")
     assert difffuzz.compare(prog, difffuzz.run(prog, "cpu"), got) == []
+
+
+def test_a_float_read_through_a_dtype_view_compares_as_the_float_in_tier_1():
+    # Compiled code may round a float by a unit in the last place (within
+    # tier 1's tolerance); its bits read as int32 then differ by one
+    # (seeds 3810610, 3810978).
+    prog = Program(0, [Stmt("v0 = torch.tensor([0.3, 2.6, 2.9], device=dev)", "input"),
+                       Stmt("v1 = v0.var()", "reduce.var"),
+                       Stmt("v2 = v1.view(torch.int32)", "view.view_dtype"),
+                       Stmt("v3 = v2 + 0", "binary.add"),
+                       Stmt("v4 = torch.tensor([5, 7], device=dev)", "input")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    got.values["v2"] = ref.values["v2"] + 1
+    got.values["v3"] = ref.values["v3"] - 1
+    assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v2", "v3"]
+    with difffuzz.configured(difffuzz.TIER1):
+        assert difffuzz.compare(prog, ref, got) == []
+        # Not an integer no dtype view reaches, nor one whose float is far off.
+        got.values["v4"] = ref.values["v4"] + 1
+        got.values["v3"] = ref.values["v3"] + (1 << 20)
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3", "v4"]
+    # Nor small integers (floats below the normal range) a dtype view reaches.
+    prog = Program(0, [Stmt("v0 = torch.tensor([3, 9], dtype=torch.int32, device=dev)", "input"),
+                       Stmt("v1 = v0.view(torch.float32).view(torch.int32)", "view.view_dtype")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    got.values["v1"] = ref.values["v1"] + 1
+    with difffuzz.configured(difffuzz.TIER1):
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v1"]
