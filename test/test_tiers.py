@@ -1284,6 +1284,9 @@ def test_strided_reads_of_a_made_buffer_are_as_strided_s():
     for sizes, strides, offset in geometries:
         want = torch.as_strided(flat, sizes, strides, offset)
         assert torch.equal(_strided_read(flat, sizes, strides, offset), want), (sizes, strides, offset)
+    # Expanded dims, steps, and columns of a matrix are views (no gather).
+    for sizes, strides, offset in [([3, 2], [1, 0], 0), ([4], [2], 3), ([3, 4], [10, 2], 4), ([6, 2], [5, 1], 1)]:
+        assert _strided_read(flat, sizes, strides, offset)._base is flat
 
 
 def test_a_quotient_that_overflows_floor_divides_as_eager(tiered, no_trial):

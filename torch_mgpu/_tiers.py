@@ -102,29 +102,43 @@ def _strided_read(flat, sizes, strides, offset):
     an as_strided view of such a buffer may read it after a later write
     into its bytes (a copy of it that reuses them): difffuzz seed 3811486,
     `y = x.repeat_interleave(2); x[:] = z` gave y z's values. A geometry
-    that is a slice of the bytes, split into dims, permuted and expanded
-    (stride 0) is read as those views; others by an index computed from
-    the strides (a gather)."""
+    that is a slice of the bytes, split into dims (and narrowed, for gaps
+    between rows), permuted and expanded (stride 0) is read as those
+    views; others by an index computed from the strides (a gather)."""
     dims = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
     order = sorted(dims, key=lambda d: -strides[d])
     numel = 1
     for d in sizes:
         numel *= d
+
+    def placed(t):
+        # `t` holds the dims of `order`, in that order: back to the
+        # geometry's order of dims, then its size-1 and expanded ones.
+        inverse = sorted(range(len(order)), key=lambda k: order[k])
+        t = t.permute(inverse) if order else t.reshape(())
+        shape = [1] * len(sizes)
+        for d in order:
+            shape[d] = sizes[d]
+        return t.reshape(shape).expand(sizes)
+
     step = strides[order[-1]] if order else 1
-    nested = step > 0 and numel > 0 and all(
-        strides[a] == strides[b] * sizes[b] for a, b in zip(order, order[1:]))
-    if nested:
+    pairs = list(zip(order, order[1:]))
+    if step > 0 and numel > 0 and all(strides[a] == strides[b] * sizes[b] for a, b in pairs):
+        # A slice of the bytes (every `step`-th element), split into dims.
         span = 1 + sum((sizes[d] - 1) * strides[d] for d in order)
         if offset + span <= flat.numel():
-            t = flat[offset:offset + span:step].view([sizes[d] for d in order])
-            # Back to the geometry's order of dims, then its size-1 and
-            # expanded ones.
-            inverse = sorted(range(len(order)), key=lambda k: order[k])
-            t = t.permute(inverse) if order else t.reshape(())
-            shape = [1] * len(sizes)
-            for d in order:
-                shape[d] = sizes[d]
-            return t.reshape(shape).expand(sizes)
+            return placed(flat[offset:offset + span:step].view([sizes[d] for d in order]))
+    if step > 0 and numel > 0 and order and all(
+            strides[a] % strides[b] == 0 and strides[a] // strides[b] >= sizes[b] for a, b in pairs):
+        # Rows with gaps between them (columns of a matrix): the slice
+        # padded to whole rows, split into dims, then narrowed.
+        length = sizes[order[0]] * strides[order[0]]
+        if offset + length <= flat.numel():
+            padded = [sizes[order[0]]] + [strides[a] // strides[b] for a, b in pairs]
+            t = flat[offset:offset + length:step].view(padded)
+            for k, d in enumerate(order[1:], 1):
+                t = t.narrow(k, 0, sizes[d])
+            return placed(t)
     index = offset
     for d, (n, st) in enumerate(zip(sizes, strides)):
         shape = [1] * len(sizes)
