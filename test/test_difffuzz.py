@@ -384,6 +384,14 @@ def test_a_float_read_through_a_dtype_view_compares_as_the_float_in_tier_1():
         got.values["v4"] = ref.values["v4"] + 1
         got.values["v3"] = ref.values["v3"] + (1 << 20)
         assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3", "v4"]
+        # Nor integers whose floats are both tiny but far apart (an absolute
+        # tolerance would take them as equal).
+        got.values["v4"] = ref.values["v4"]
+        ref.values["v3"] = torch.tensor(525126861, dtype=torch.int32)  # 4.3e-20 as float32
+        got.values["v3"] = torch.tensor(625126861, dtype=torch.int32)  # 4.5e-17
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3"]
+        got.values["v3"] = torch.tensor(525126862, dtype=torch.int32)  # a unit in the last place
+        assert difffuzz.compare(prog, ref, got) == []
     # Nor small integers (floats below the normal range) a dtype view reaches.
     prog = Program(0, [Stmt("v0 = torch.tensor([3, 9], dtype=torch.int32, device=dev)", "input"),
                        Stmt("v1 = v0.view(torch.float32).view(torch.int32)", "view.view_dtype")])
