@@ -1565,6 +1565,9 @@ class Mismatch:
     detail: str
     via: int = None  # a call that raised on both sides before this, and changed what this reads
     via_tag: str = None
+    # A read that raised an error mgpu deferred: the statement whose op
+    # raised it (mgpu's message names where the op was called).
+    origin: int = None
 
     @property
     def signature(self):
@@ -1744,9 +1747,14 @@ def compare(prog, ref, got):
         i = def_index[name]
         if isinstance(a, Raised) or isinstance(b, Raised):
             if not (isinstance(a, Raised) and isinstance(b, Raised) and a.cls is b.cls):
-                at_end.append(Mismatch(i, name, "read", prog.stmts[i].tag,
-                                       f"reading it: cpu {a if isinstance(a, Raised) else 'ok'}; "
-                                       f"mgpu {b if isinstance(b, Raised) else 'ok'}"))
+                m = Mismatch(i, name, "read", prog.stmts[i].tag,
+                             f"reading it: cpu {a if isinstance(a, Raised) else 'ok'}; "
+                             f"mgpu {b if isinstance(b, Raised) else 'ok'}")
+                if isinstance(b, Raised) and not isinstance(a, Raised):
+                    called = re.search(r"called at <difffuzz seed=\d+ stmt=(\d+)>", b.msg)
+                    if called and int(called.group(1)) < len(prog.stmts):
+                        m.origin = int(called.group(1))
+                at_end.append(m)
             continue
         why = differ(a, b)
         if why and not close_as_viewed_floats(prog, name, a, b):
@@ -1851,6 +1859,13 @@ def primary(prog, mismatches):
             out.append(m)
         elif m.name not in tainted(prog, sources, written=written):
             m.via = blame({m.name}, len(prog))
+            if m.origin is not None and m.via not in documented:
+                # An error deferred from the op at `origin`, raised by the
+                # read's sync: what that op read may be a documented
+                # difference (a failed out= call that eager resized first).
+                origin_via = blame(prog.uses[m.origin], m.origin)
+                if origin_via in documented:
+                    m.via = origin_via
             if m.via not in documented:
                 out.append(m)
             sources[m.index] = sources.get(m.index, set()) | {m.name}
