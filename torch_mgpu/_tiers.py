@@ -570,6 +570,7 @@ def replay_fn(req, subst=None):
         # returned it, which the recording says lies in its storage as
         # `fresh` lays it out.
         env = {k: (leaves[k], None) for k in range(n_leaves)}
+        inputs = {id(leaf) for leaf in leaves}  # the graph's own inputs (for view())
         flat_of = {}  # fresh output -> its storage's bytes, laid out as recorded
 
         def laid_out(v):
@@ -618,7 +619,7 @@ def replay_fn(req, subst=None):
             # A buffer the graph made is read by views or a gather (see
             # _strided_read); one the op writes through the view must be
             # its bytes (as_strided).
-            if not written and not any(base is leaf for leaf in leaves):
+            if not written and id(base) not in inputs:
                 return _strided_read(base, sizes, strides, offset)
             return torch.as_strided(base, sizes, strides, offset)
 
