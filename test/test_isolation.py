@@ -292,6 +292,43 @@ def test_default_dtype_is_the_calls(config):
         torch.set_default_dtype(prev)
 
 
+def _matmul_precision_program(a, b):
+    """Products under "highest" and "medium" (bfloat16 on CPUs that have it),
+    with elementwise ops (which read no precision) recorded between the
+    changes."""
+    out = []
+    torch.set_float32_matmul_precision("highest")
+    p = a @ b
+    out.append(p)
+    torch.set_float32_matmul_precision("medium")
+    q = p * 0.5 + a  # elementwise under "medium": the products' settings stay theirs
+    out.append(q @ b)
+    torch.set_float32_matmul_precision("highest")
+    out.append(q.relu() - 1.0)
+    out.append(q @ b)
+    torch.set_float32_matmul_precision("medium")
+    out.append(torch.addmm(q, a, b))
+    return out
+
+
+def test_matmul_precision_is_each_products_call(config):
+    a_cpu, b_cpu = torch.randn(256, 256), torch.randn(256, 256)  # large enough for oneDNN's bfloat16 path
+    prev = torch.get_float32_matmul_precision()
+    try:
+        want = _matmul_precision_program(a_cpu, b_cpu)
+        got = _matmul_precision_program(a_cpu.to("mgpu"), b_cpu.to("mgpu"))
+        torch.set_float32_matmul_precision(prev)
+        got = [g.cpu() for g in got]
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    # Where this CPU multiplies float32 in bfloat16 under "medium", the
+    # check above told the settings apart.
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert not torch.equal(want[1], want[3])
+
+
 def test_signature_cache_sees_the_default_dtype(config):
     prev = torch.get_default_dtype()
     try:

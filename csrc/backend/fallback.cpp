@@ -65,7 +65,11 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   // A graph runs under one set of settings, those its ops were called with:
   // where the program changed them (torch.set_default_dtype, ...) with ops
   // pending, those run first, under their own settings.
-  const ir::CallState state = ir::current_call_state();
+  // An elementwise op reads no matmul precision: the pending ops' stands for
+  // it, so that changing the precision between two of them runs nothing.
+  const bool reads_precision = !capture::ignores_matmul_precision(info);
+  ir::CallState state = ir::current_call_state(reads_precision);
+  if (!reads_precision) state.matmul_precision = pending_state().matmul_precision;
   if (state != pending_state()) {
     if (ir::pending_op_count() > 0) engine::sync_all();
     pending_state() = state;
@@ -90,7 +94,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     return;
   }
   if (sync_now || ir::pending_op_count() > engine::max_pending_ops()) engine::sync_all();
-  else engine::recorded(background_safe);
+  else engine::recorded(background_safe, pending_state());
 }
 
 bool takes_over_composite(const c10::OperatorHandle& op) {

@@ -24,6 +24,10 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // shapes, non-tensor results).
 bool runs_eagerly(const OpInfo& info);
 
+// Whether the op's kernels never read the float32 matmul precision: an
+// elementwise op (ATen's `pointwise` tag) multiplies no matrices.
+bool ignores_matmul_precision(const OpInfo& info);
+
 // Eager's rule: host tensors beside mgpu tensors only as 0-dim scalars.
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);

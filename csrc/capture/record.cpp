@@ -1078,6 +1078,7 @@ struct OpInfo {
   bool nansum = false;         // canonical_dims: `dim=[]` means every dim
   bool makes_sparse = false;   // its name says it makes a sparse tensor
   bool makes_nested = false;   // its name says it makes (or reads) a nested tensor
+  bool pointwise = false;      // tagged pointwise: reads no matmul precision
   mutable MetaCacheMemo last_signature;  // the cache entry its last call found
   // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
   // (refuse_unsupported reads those for quantized and sparse requests).
@@ -1127,6 +1128,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.nansum = schema.name() == "aten::nansum";
   info.makes_sparse = makes_sparse(schema.name());
   info.makes_nested = makes_nested(schema.name());
+  info.pointwise = info.aten && op.hasTag(at::Tag::pointwise);
   for (const auto& a : schema.arguments()) {
     auto type = a.type();
     if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
@@ -1559,6 +1561,8 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 }
 
 bool runs_eagerly(const OpInfo& info) { return info.eager; }
+
+bool ignores_matmul_precision(const OpInfo& info) { return info.pointwise; }
 
 int64_t full_probe_numel() {
   static const int64_t limit = [] {

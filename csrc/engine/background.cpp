@@ -3,6 +3,7 @@
 // capture goes on; the next flush or sync waits for it and binds it.
 #include "capture/capture.h"
 #include "engine/execution.h"
+#include "ir/call_state.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
 
@@ -199,7 +200,7 @@ void set_async_ops(int64_t n) {
   background().threshold = n;
 }
 
-void recorded(bool background_safe) {
+void recorded(bool background_safe, const ir::CallState& pending) {
   auto& bg = background();
   if (!background_safe) bg.blocked = true;
   if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold || runtime::in_forked_child()) return;
@@ -207,6 +208,9 @@ void recorded(bool background_safe) {
   // not while a pending op draws from a global generator or may run Python
   // (the waiting thread holds the GIL).
   if (bg.blocked || at::hasCallbacks()) return;
+  // Settings changed since the pending ops' calls: the next sync (or the
+  // next op that reads them) runs those ops under their own.
+  if (ir::current_call_state() != pending) return;
   // Flights start every `threshold` ops whatever the timing (a busy worker
   // makes capture wait), so the same program cuts the same graphs and the
   // plan cache hits.

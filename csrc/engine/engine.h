@@ -107,8 +107,13 @@ c10::Storage materialize(const c10::Storage& mgpu_storage);
 
 // Background execution: once `async_ops()` ops have been recorded since the
 // last flush, the pending graph starts running on a background worker while
-// capture goes on (0: never). Called after each recorded op.
-void recorded(bool background_safe);
+// capture goes on (0: never). Called after each recorded op. A flight
+// runs under the program's settings as they are when it starts (setters
+// wait for it; a sync puts a graph's own in place instead): it starts only
+// while they are still `pending`, the settings the pending ops were called
+// with (an elementwise op does not read the matmul precision, so one
+// recorded after the program changed it leaves the pending ops pending).
+void recorded(bool background_safe, const ir::CallState& pending);
 int64_t async_ops();
 void set_async_ops(int64_t n);
 // Waits for the flight in progress, if any, and binds it (an error it raised

@@ -17,14 +17,14 @@ void apply(const CallState& s) {
 }
 } // namespace
 
-CallState current_call_state() {
+CallState current_call_state(bool matmul_precision) {
   const auto& ctx = at::globalContext();
   CallState s;
   s.default_dtype = c10::get_default_dtype_as_scalartype();
   s.deterministic = ctx.deterministicAlgorithms();
   s.deterministic_warn_only = ctx.deterministicAlgorithmsWarnOnly();
   s.fill_uninitialized = ctx.deterministicFillUninitializedMemory();
-  s.matmul_precision = static_cast<int8_t>(ctx.float32MatmulPrecision());
+  if (matmul_precision) s.matmul_precision = static_cast<int8_t>(ctx.float32MatmulPrecision());
   return s;
 }
 

@@ -7,8 +7,10 @@
 
 namespace torch_mgpu::ir {
 
-// The settings as they are now.
-CallState current_call_state();
+// The settings as they are now. Without `matmul_precision` that one is left
+// at its default (reading it costs a hash-map lookup in ATen's context, ~2%
+// of a tiny op's capture): for calls that never multiply matrices.
+CallState current_call_state(bool matmul_precision = true);
 
 // Puts `state` in place where it differs from the current settings, and
 // restores them when destroyed. The settings are process-wide: the guard is
