@@ -349,6 +349,56 @@ def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered,
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
+def make_attention_training(device):
+    torch.manual_seed(3)
+    model = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).to(device)
+    # SGD, not Adam: the key projection's bias has a gradient of zero but
+    # for rounding (softmax ignores a shift of every score of a query), and
+    # Adam scales that noise up to whole steps of the learning rate.
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=False)
+    return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+
+
+def test_attention_without_dropout_reaches_tier_1(tiered, no_trial):
+    # scaled_dot_product_attention's CPU kernel is tagged as seeded (for its
+    # dropout): with dropout_p 0 it draws nothing, so its node has no seed
+    # and a transformer's step compiles (a seeded node keeps its graph in
+    # tier 0).
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(4, 8, 16, generator=g), torch.randn(4, 8, 16, generator=g)
+    ref, got = make_attention_training("cpu"), make_attention_training("mgpu")
+    tiers = train_side_by_side(ref, got, x, y, x.to("mgpu"), y.to("mgpu"), 6)
+    assert tiers[3:] == [1] * 3, (tiers, torch_mgpu._C._tier_last_error())
+    assert "attention" in torch_mgpu.last_plan().compiled
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_and_its_gradient_compile_as_the_op_not_its_export_form(tiered, no_trial, causal):
+    # The core decompositions turn CPU flash attention into its math form,
+    # whose second result is the attention weights where the op's is their
+    # log-sum-exp: the backward then read the weights as the log-sum-exp
+    # (gradients off by hundreds). The trace keeps the op.
+    g = torch.Generator().manual_seed(5)
+    q0 = torch.randn(4, 2, 8, 8, generator=g)
+
+    def f(q):
+        q = q.detach().requires_grad_()
+        o = torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q + 1, is_causal=causal)
+        (grad,) = torch.autograd.grad(o.square().sum(), q)
+        return o.detach(), grad
+
+    want = f(q0)
+    tiers = []
+    for k in range(4):
+        got = f(q0.to("mgpu"))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+        tiers.append(torch_mgpu.last_plan().tier)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
 @pytest.mark.parametrize("foreach", [False, None])
 def test_sgd_with_a_schedule_stays_in_tier_1(tiered, no_trial, foreach):
     # SGD's update is p.add_(grad, alpha=-lr): a Scalar alpha that changes

@@ -771,13 +771,26 @@ def lift_candidates(req):
 
 
 def _trace(req, subst, examples):
-    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # Decomposed, so that a Scalar argument (addcdiv_'s value) becomes a
     # tensor operand (a mul's) that an input can take the place of.
-    return make_fx(replay_fn(req, subst), tracing_mode="fake",
-                   decomposition_table=core_aten_decompositions())(*examples)
+    return make_fx(replay_fn(req, subst), tracing_mode="fake", decomposition_table=_decompositions())(*examples)
+
+
+def _decompositions():
+    """The core ATen decompositions, less those whose results are not the
+    op's: flash attention for the CPU decomposes (for export) into the math
+    form, whose second result is the attention weights where the op returns
+    their log-sum-exp, which its backward reads (inductor leaves it out too:
+    it runs the op's own kernel)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = core_aten_decompositions()
+    aten = torch.ops.aten
+    for op in (aten._scaled_dot_product_flash_attention_for_cpu.default,):
+        table.pop(op, None)
+    return table
 
 
 def _literals(node):

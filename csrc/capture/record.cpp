@@ -1245,6 +1245,20 @@ void check_has_value(const c10::Storage& s, std::string_view op_name, bool only_
     TORCH_CHECK(false, "mgpu: an input of ", op_name, " has no value: ", v.node->error);
 }
 
+// Attention and recurrent ops are tagged as seeded for their dropout: with
+// a dropout probability of 0 they draw nothing, and their node needs no
+// seed (a seeded node is not background-safe and stays out of tier 1:
+// every transformer's scaled_dot_product_attention in eval or without
+// attention dropout).
+bool draws_nothing(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  const auto& formals = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < formals.size(); ++i) {
+    const auto& name = formals[i].name();
+    if ((name == "dropout_p" || name == "dropout") && args[i].isDouble()) return args[i].toDouble() == 0.0;
+  }
+  return false;
+}
+
 // Phase 2. The node and what it reads: the current version of each storage
 // it touches, its arguments as a template (tensors name an operand and a
 // geometry; host tensors are snapshotted; generators become seeded ones).
@@ -1297,7 +1311,8 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
       a.constant = v;
     }
   }
-  if (!random && op.hasTag(at::Tag::nondeterministic_seeded)) node->seed = draw_seed(std::nullopt);
+  if (!random && op.hasTag(at::Tag::nondeterministic_seeded) && !draws_nothing(schema, args))
+    node->seed = draw_seed(std::nullopt);
 
   return node;
 }
