@@ -120,6 +120,43 @@ def test_metadata_cache_hits_on_repeat():
     assert torch_mgpu.stats()["meta_cache_hits"] >= hits + 2
 
 
+def test_a_scale_that_changes_every_call_hits_the_metadata_cache():
+    # An optimizer's update scales a term by the learning rate (SGD's
+    # add_(alpha=-lr), Adam's addcdiv_(value=-step_size)): a new float each
+    # step. The signature keys such a scale by its class (0, 1, other), so
+    # the calls hit; the values are each call's own.
+    a, b, c = torch.randn(6, 5), torch.randn(6, 5), torch.rand(6, 5) + 0.5
+    am, bm, cm = a.to("mgpu"), b.to("mgpu"), c.to("mgpu")
+    scales = [0.3, -1.7, 0.0, 1.0, 2.5e-4, -0.3, 7.0]
+    got, want = [], []
+    for k, s in enumerate(scales):
+        if k == 2:
+            misses = torch_mgpu.stats()["meta_cache_misses"]
+        got += [am.add(bm, alpha=s), am.sub(bm, alpha=s), torch.addcdiv(am, bm, cm, value=s),
+                torch.addcmul(am, bm, cm, value=s), torch.rsub(am, bm, alpha=s)]
+        want += [a.add(b, alpha=s), a.sub(b, alpha=s), torch.addcdiv(a, b, c, value=s),
+                 torch.addcmul(a, b, c, value=s), torch.rsub(a, b, alpha=s)]
+        if k == len(scales) - 1:
+            # From the third call on only 0 and 1 (classes of their own) missed.
+            assert torch_mgpu.stats()["meta_cache_misses"] == misses + 10
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+    # In place, as an optimizer writes: every step hits once the classes were seen.
+    p, pm = a.clone(), a.to("mgpu")
+    for s in [1e-3, 2e-3, 3e-3, 0.0, 1.0, 4e-3]:
+        p.addcdiv_(b, c, value=-s)
+        pm.addcdiv_(bm, cm, value=-s)
+        p.add_(b, alpha=-s)
+        pm.add_(bm, alpha=-s)
+    assert torch.equal(pm.cpu(), p)
+    # The scale's type still counts: a float scale of integer tensors is
+    # eager's error, whatever an integer scale did before.
+    i = torch.arange(6, device="mgpu")
+    assert torch.equal(i.add(i, alpha=2).cpu(), torch.arange(6) * 3)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        i.add(i, alpha=2.5)
+
+
 def test_calls_leave_their_arguments_reference_counts_as_they_found_them():
     # The commonest ops are called unboxed, their tensor arguments on the
     # recording's stack without references of their own: on every way out of

@@ -46,6 +46,11 @@ uint64_t SignatureKey::hash() const {
   return h;
 }
 
+void SignatureKey::add_scale(double d) {
+  add(13);  // (tags 1-12: add_ivalue's)
+  add(d == 0.0 ? 0 : d == 1.0 ? 1 : 2);
+}
+
 void SignatureKey::add_ivalue(const c10::IValue& v) {
   if (v.isNone()) {
     add(1);

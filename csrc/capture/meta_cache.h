@@ -51,6 +51,9 @@ struct SignatureKey {
   void add(int64_t v) { words.push_back(v); }
   void add_geometry(const ir::TensorGeometry& g);
   void add_ivalue(const c10::IValue& v);
+  // A float that only scales a term: by its class (0, 1, other), as the
+  // node hash keys floats.
+  void add_scale(double d);
   uint64_t hash() const;
 };
 

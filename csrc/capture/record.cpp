@@ -164,6 +164,9 @@ struct Call {
   // Twins on the CPU instead, zero-filled: for ops with no Meta kernel
   // (see infer_without_meta).
   bool cpu_twins = false;
+  // Bit i: argument i scales a term (OpInfo::scale_args): a float there
+  // keys by its class only.
+  uint32_t scale_args = 0;
 
   int storage_index(const at::Tensor& t) {
     int i = index_of(t.storage().unsafeGetStorageImpl());
@@ -278,7 +281,8 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
       if (keep && call.cpu_twins) out.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
       else if (keep) out.emplace_back();
     } else {
-      call.key.add_ivalue(v);
+      if (i < 32 && (call.scale_args >> i & 1) && v.isDouble()) call.key.add_scale(v.toDouble());
+      else call.key.add_ivalue(v);
       if (keep) out.push_back(v);
     }
   }
@@ -1079,6 +1083,14 @@ struct OpInfo {
   bool makes_sparse = false;   // its name says it makes a sparse tensor
   bool makes_nested = false;   // its name says it makes (or reads) a nested tensor
   bool pointwise = false;      // tagged pointwise: reads no matmul precision
+  // Bit i: argument i is a Scalar that only scales a term (add's and sub's
+  // alpha, addcdiv's and addcmul's value): no result's shape, dtype or
+  // error depends on a float's value there, so the signature keys it by
+  // its class (0, 1, other), as the node hash does. An optimizer's update
+  // (`p.add_(g, alpha=-lr)`, Adam's `addcdiv_(m, d, value=-step_size)`)
+  // changes it every step: it would miss the signature cache each step,
+  // and run the op's Meta kernel (in Python, for addcdiv_) each time.
+  uint32_t scale_args = 0;
   mutable MetaCacheMemo last_signature;  // the cache entry its last call found
   // Per argument: 1 where it is a (optional) ScalarType, 2 a Layout, else 0
   // (refuse_unsupported reads those for quantized and sparse requests).
@@ -1129,6 +1141,16 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.makes_sparse = makes_sparse(schema.name());
   info.makes_nested = makes_nested(schema.name());
   info.pointwise = info.aten && op.hasTag(at::Tag::pointwise);
+  static const std::unordered_set<std::string> scaling = {"aten::add",     "aten::add_",     "aten::sub",
+                                                          "aten::sub_",    "aten::rsub",     "aten::addcdiv",
+                                                          "aten::addcdiv_", "aten::addcmul", "aten::addcmul_"};
+  if (scaling.count(schema.name()) > 0) {
+    const auto& formals = schema.arguments();
+    for (size_t i = 0; i < formals.size() && i < 32; ++i)
+      if ((formals[i].name() == "alpha" || formals[i].name() == "value") &&
+          formals[i].type()->kind() == c10::TypeKind::NumberType)
+        info.scale_args |= uint32_t{1} << i;
+  }
   for (const auto& a : schema.arguments()) {
     auto type = a.type();
     if (type->kind() == c10::TypeKind::OptionalType) type = type->castRaw<c10::OptionalType>()->getElementType();
@@ -1163,6 +1185,7 @@ const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, 
                              Call& call, MetaResult& fresh, HeldWarnings& warnings) {
   const auto& schema = op.schema();
   const bool cpu_as_meta = call.cpu_as_meta;
+  call.scale_args = info.scale_args;
   meta_arguments(schema, args, call);
   const MetaResult* cached = call.key.cacheable ? meta_cache_find(call.key, &info.last_signature) : nullptr;
   if (cached) {
@@ -1173,6 +1196,7 @@ const MetaResult& infer_call(const OpInfo& info, const c10::OperatorHandle& op, 
     Call full;
     full.cpu_as_meta = cpu_as_meta;
     full.build_meta = true;
+    full.scale_args = info.scale_args;
     auto margs = meta_arguments(schema, args, full);
     // The call's warnings come once: the CPU kernel's where the probe ran
     // it over the call's sizes (eager's own), else Meta's.
