@@ -310,12 +310,17 @@ def run_case(case, quick):
                        "measured": plan.measured_makespan if plan else 0}
     # Correctness guard: mgpu equals eager on this case. A training step
     # changes its inputs (weights, optimizer state): each variant trained
-    # its own copy for a different number of steps, so the guard takes one
-    # step from fresh copies.
+    # its own copy for a different number of steps, so the guard takes two
+    # steps from fresh copies and compares the second (its loss reads the
+    # first step's update: the optimizer's work is checked too).
     if case.extra.get("stateful"):
         cpu_in, mg_in = case.make("cpu"), case.make("mgpu")
         if "mgpu_compiled" in compiled_fns:
-            compiled_fns["mgpu_compiled"] = (compiled_fns["mgpu_compiled"][0], copy.deepcopy(cpu_in))
+            fn, args = compiled_fns["mgpu_compiled"][0], copy.deepcopy(cpu_in)
+            fn(*args)
+            compiled_fns["mgpu_compiled"] = (fn, args)
+        case.fn(*cpu_in)
+        case.fn(*mg_in)
     ref = case.fn(*cpu_in)
     if "mgpu_compiled" in compiled_fns:
         fn, args = compiled_fns["mgpu_compiled"]

@@ -166,3 +166,30 @@ def test_events_recorded_while_background_flights_run():
         xc = x.cpu()
         for i, y in enumerate(ys):
             assert torch.allclose(y.cpu(), (xc * float(i)).sin() @ xc, atol=1e-5)
+
+
+@pytest.mark.parametrize("between", ["elementwise", "nothing"])
+def test_a_query_after_a_settings_change_runs_the_products_under_their_own(between):
+    # A query starts pending work in the background, where it runs under the
+    # settings as they are. After the program changed the matmul precision
+    # (with an elementwise op recorded since, which reads no precision and
+    # leaves the product pending, or nothing), the product must still run
+    # under "highest", its call's: the query syncs instead of flying it.
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    prev = torch.get_float32_matmul_precision()
+    with async_ops(10_000):  # no flight starts by count: only the query
+        am, bm = a.to("mgpu"), b.to("mgpu")
+        torch_mgpu.synchronize()
+        try:
+            torch.set_float32_matmul_precision("highest")
+            p = am @ bm
+            torch.set_float32_matmul_precision("medium")
+            q = p * 0.5 if between == "elementwise" else p
+            e = torch.mgpu.Event()
+            e.record()
+            while not e.query():
+                pass
+            got = q.cpu()
+        finally:
+            torch.set_float32_matmul_precision(prev)
+    assert torch.equal(got, a @ b * 0.5 if between == "elementwise" else a @ b)

@@ -149,6 +149,14 @@ def test_a_scale_that_changes_every_call_hits_the_metadata_cache():
         p.add_(b, alpha=-s)
         pm.add_(bm, alpha=-s)
     assert torch.equal(pm.cpu(), p)
+    # A scale beyond what the tensor's dtype holds is eager's error at the
+    # call, whatever smaller scales did before.
+    h = torch.randn(4).half().to("mgpu")
+    assert torch.equal(h.add(h, alpha=0.5).cpu(), h.cpu().add(h.cpu(), alpha=0.5))
+    with pytest.raises(RuntimeError, match="cannot be converted to type c10::Half without overflow"):
+        h.add(h, alpha=1e5)
+    with pytest.raises(RuntimeError, match="cannot be converted to type float without overflow"):
+        am.add(bm, alpha=1e39)
     # The scale's type still counts: a float scale of integer tensors is
     # eager's error, whatever an integer scale did before.
     i = torch.arange(6, device="mgpu")

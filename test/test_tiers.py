@@ -349,6 +349,29 @@ def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered,
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
 
 
+def test_an_elementwise_graph_after_a_product_under_another_precision_reaches_tier_1(tiered, no_trial):
+    # Elementwise ops take the pending ops' matmul precision (they read
+    # none): here "medium", left over from a product before the program
+    # went back to "highest". Tier 1 refused every graph called under
+    # non-default settings, for good: these ops never read that one.
+    a = torch.randn(64, 64)
+    am = a.to("mgpu")
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        (am @ am).cpu()
+        torch.set_float32_matmul_precision("highest")
+        tiers = []
+        for k in range(4):
+            torch.testing.assert_close(((am * 1.5).tanh() + am).cpu(), (a * 1.5).tanh() + a, rtol=1e-5, atol=1e-6)
+            tiers.append(torch_mgpu.last_plan().tier)
+            if k == 1:
+                assert torch_mgpu.wait_for_compiles(300)
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+
+
 def make_attention_training(device):
     torch.manual_seed(3)
     model = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).to(device)

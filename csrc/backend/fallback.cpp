@@ -94,7 +94,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     return;
   }
   if (sync_now || ir::pending_op_count() > engine::max_pending_ops()) engine::sync_all();
-  else engine::recorded(background_safe, pending_state());
+  else engine::recorded(background_safe);
 }
 
 bool takes_over_composite(const c10::OperatorHandle& op) {

@@ -1,7 +1,12 @@
 #include "capture/meta_cache.h"
 #include "ir/partition.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <unordered_map>
 
@@ -48,7 +53,18 @@ uint64_t SignatureKey::hash() const {
 
 void SignatureKey::add_scale(double d) {
   add(13);  // (tags 1-12: add_ivalue's)
-  add(d == 0.0 ? 0 : d == 1.0 ? 1 : 2);
+  // Its class as the node hash keys floats (0, 1, other), the others split
+  // by the ranges a kernel checks when it converts the scale to the
+  // tensor's dtype: a finite scale beyond half's, bfloat16's or float's
+  // largest value is eager's "cannot be converted ... without overflow",
+  // which the probe of a cache miss raises at the call.
+  const double a = std::fabs(d);
+  const int64_t range = !std::isfinite(d)                  ? 2
+      : a > static_cast<double>(std::numeric_limits<float>::max())        ? 3
+      : a > static_cast<double>(std::numeric_limits<c10::BFloat16>::max()) ? 4
+      : a > static_cast<double>(std::numeric_limits<c10::Half>::max())     ? 5
+                                                                            : 6;
+  add(d == 0.0 ? 0 : d == 1.0 ? 1 : range);
 }
 
 void SignatureKey::add_ivalue(const c10::IValue& v) {

@@ -281,7 +281,7 @@ std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::
       if (keep && call.cpu_twins) out.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
       else if (keep) out.emplace_back();
     } else {
-      if (i < 32 && (call.scale_args >> i & 1) && v.isDouble()) call.key.add_scale(v.toDouble());
+      if (i < 32 && ((call.scale_args >> i) & 1) && v.isDouble()) call.key.add_scale(v.toDouble());
       else call.key.add_ivalue(v);
       if (keep) out.push_back(v);
     }

@@ -151,6 +151,19 @@ void finish_flight() {
   if (e->result.first_error && !bg.error) bg.error = e->result.first_error;
 }
 
+namespace {
+// Whether the program's settings are still those the pending ops were
+// called with: a flight runs under the settings as they are (setters wait
+// for it; a sync puts a graph's own in place instead). An elementwise op
+// reads no matmul precision and takes the pending ops' (record_call), so
+// one recorded after the program changed it leaves the earlier products
+// pending: those must not fly under the new precision.
+bool under_own_settings(const std::vector<ir::Value>& roots) {
+  const auto& node = roots.front().node;
+  return !node || node->kind != ir::NodeKind::Op || node->state == ir::current_call_state();
+}
+} // namespace
+
 bool flight_running() {
   auto& bg = background();
   if (!bg.flight) return false;
@@ -168,6 +181,7 @@ bool start_flight() {
   auto e = std::make_shared<Execution>();
   e->roots = pending_roots();
   if (e->roots.empty()) return true;
+  if (!under_own_settings(e->roots)) return false;  // the caller syncs: under the graph's own
   bg.since_flush = 0;
   bg.flight = e;
   runtime::counters().background_flushes++;
@@ -200,7 +214,7 @@ void set_async_ops(int64_t n) {
   background().threshold = n;
 }
 
-void recorded(bool background_safe, const ir::CallState& pending) {
+void recorded(bool background_safe) {
   auto& bg = background();
   if (!background_safe) bg.blocked = true;
   if (bg.threshold <= 0 || ++bg.since_flush < bg.threshold || runtime::in_forked_child()) return;
@@ -208,9 +222,6 @@ void recorded(bool background_safe, const ir::CallState& pending) {
   // not while a pending op draws from a global generator or may run Python
   // (the waiting thread holds the GIL).
   if (bg.blocked || at::hasCallbacks()) return;
-  // Settings changed since the pending ops' calls: the next sync (or the
-  // next op that reads them) runs those ops under their own.
-  if (ir::current_call_state() != pending) return;
   // Flights start every `threshold` ops whatever the timing (a busy worker
   // makes capture wait), so the same program cuts the same graphs and the
   // plan cache hits.
@@ -218,7 +229,7 @@ void recorded(bool background_safe, const ir::CallState& pending) {
   finish_flight();
   auto e = std::make_shared<engine::Execution>();
   e->roots = engine::pending_roots();
-  if (e->roots.empty()) return;
+  if (e->roots.empty() || !under_own_settings(e->roots)) return;
   bg.flight = e;
   runtime::counters().background_flushes++;
   Worker::instance().launch(std::move(e));

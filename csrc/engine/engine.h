@@ -110,10 +110,10 @@ c10::Storage materialize(const c10::Storage& mgpu_storage);
 // capture goes on (0: never). Called after each recorded op. A flight
 // runs under the program's settings as they are when it starts (setters
 // wait for it; a sync puts a graph's own in place instead): it starts only
-// while they are still `pending`, the settings the pending ops were called
-// with (an elementwise op does not read the matmul precision, so one
-// recorded after the program changed it leaves the pending ops pending).
-void recorded(bool background_safe, const ir::CallState& pending);
+// while they are still those the pending ops were called with (an
+// elementwise op does not read the matmul precision, so one recorded after
+// the program changed it leaves the pending ops pending).
+void recorded(bool background_safe);
 int64_t async_ops();
 void set_async_ops(int64_t n);
 // Waits for the flight in progress, if any, and binds it (an error it raised

@@ -357,7 +357,12 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     auto no = [&](const char* why) { return std::string(n->name) + ": " + why; };
     if (n->kind != ir::NodeKind::Op || !n->op) return no("not an ATen op");
     if (n->seed) return no("random");
-    if (n->state != plain) return no("called under non-default settings");
+    // An elementwise node carries the pending ops' matmul precision, which
+    // it never reads (record_call): left over from products before it.
+    ir::CallState settings = n->state;
+    if (settings.matmul_precision != plain.matmul_precision && n->op->hasTag(at::Tag::pointwise))
+      settings.matmul_precision = plain.matmul_precision;
+    if (settings != plain) return no("called under non-default settings");
     for (const auto& a : n->args) {
       if (a.kind == ir::Arg::Kind::Constant && !plain_constant(a.constant))
         return no("a constant argument that is not a plain value");
