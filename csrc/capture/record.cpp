@@ -1140,7 +1140,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.nansum = schema.name() == "aten::nansum";
   info.makes_sparse = makes_sparse(schema.name());
   info.makes_nested = makes_nested(schema.name());
-  info.pointwise = info.aten && op.hasTag(at::Tag::pointwise);
+  info.pointwise = !ir::reads_matmul_precision(op);
   static const std::unordered_set<std::string> scaling = {"aten::add",     "aten::add_",     "aten::sub",
                                                           "aten::sub_",    "aten::rsub",     "aten::addcdiv",
                                                           "aten::addcdiv_", "aten::addcmul", "aten::addcmul_"};

@@ -6,6 +6,7 @@
 #include "capture/lazy_tensor.h"
 #include "capture/state_lock.h"
 #include "engine/plan_cache.h"
+#include "ir/call_state.h"
 #include "ir/held_bytes.h"
 #include "ir/partition.h"
 #include "runtime/counters.h"
@@ -360,7 +361,7 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     // An elementwise node carries the pending ops' matmul precision, which
     // it never reads (record_call): left over from products before it.
     ir::CallState settings = n->state;
-    if (settings.matmul_precision != plain.matmul_precision && n->op->hasTag(at::Tag::pointwise))
+    if (settings.matmul_precision != plain.matmul_precision && !ir::reads_matmul_precision(*n->op))
       settings.matmul_precision = plain.matmul_precision;
     if (settings != plain) return no("called under non-default settings");
     for (const auto& a : n->args) {

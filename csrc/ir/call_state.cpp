@@ -28,6 +28,10 @@ CallState current_call_state(bool matmul_precision) {
   return s;
 }
 
+bool reads_matmul_precision(const c10::OperatorHandle& op) {
+  return op.schema().name().rfind("aten::", 0) != 0 || !op.hasTag(at::Tag::pointwise);
+}
+
 CallStateGuard::CallStateGuard(const CallState& state) : saved_(current_call_state()) {
   if (saved_ == state) return;
   changed_ = true;

@@ -12,6 +12,12 @@ namespace torch_mgpu::ir {
 // of a tiny op's capture): for calls that never multiply matrices.
 CallState current_call_state(bool matmul_precision = true);
 
+// Whether the op's kernels may read the float32 matmul precision: every op
+// but ATen's elementwise ones (the `pointwise` tag), which multiply no
+// matrices. Capture does not read the precision for those (their nodes
+// carry the pending ops'), and tier 1 does not count it as a setting of theirs.
+bool reads_matmul_precision(const c10::OperatorHandle& op);
+
 // Puts `state` in place where it differs from the current settings, and
 // restores them when destroyed. The settings are process-wide: the guard is
 // for the thread that runs a graph while the program waits for it (a sync),
