@@ -55,3 +55,55 @@ def test_group_norm_channels_last_double_backward_and_contiguous_input():
         for w, t in zip(results["cpu"][0], results["mgpu"][0]):
             torch.testing.assert_close(t, w)
     torch_mgpu.synchronize()
+
+
+def test_a_cached_plan_does_not_write_in_place_a_value_another_node_reads():
+    # Graphs of one structure share a plan; which reads share a
+    # materialized value is part of that structure. Here the first graphs'
+    # copy_ is the one reader of its operand (its plan writes it in place);
+    # the last graph's mul reads that operand too, and runs after the copy.
+    # (gradcheck of nn.Transformer perturbs parameters this way: half its
+    # numerical derivatives read the restored weight.)
+    def leaves():
+        return [torch.randn(64, 64).to("mgpu") for _ in range(3)]
+
+    for _ in range(3):
+        x, u, z = leaves()
+        torch_mgpu.synchronize()
+        t = u * 2
+        x.copy_(z)
+        w = t + 1
+        del t
+        w.cpu()
+    x, _, z = leaves()
+    torch_mgpu.synchronize()
+    want = x.cpu() * 2 + 1
+    t = x * 2
+    x.copy_(z)
+    w = t + 1
+    del t
+    assert torch.equal(w.cpu(), want)
+    assert torch.equal(x.cpu(), z.cpu())
+
+
+def test_transformer_gradcheck_with_masks():
+    # test_modules' test_grad_nn_Transformer, module_db's sample 32
+    # (norm_first, boolean masks, unbatched): fast gradcheck over the inputs
+    # and every parameter, which perturbs each through `.data` in turn.
+    from torch.testing._internal.common_modules import module_db
+
+    info = next(m for m in module_db if m.module_cls is torch.nn.Transformer)
+    torch.manual_seed(0)
+    sample = info.module_inputs_func(info, device="mgpu", dtype=torch.float64, requires_grad=True, training=True)[32]
+    kwargs = sample.constructor_input.kwargs
+    assert kwargs["norm_first"] and kwargs["dropout"] == 0.0
+    m = info.module_cls(*sample.constructor_input.args, **kwargs).to("mgpu", torch.float64)
+    args = sample.forward_input.args
+    masks = {k: v for k, v in sample.forward_input.kwargs.items() if isinstance(v, torch.Tensor)}
+    assert set(masks) == {"src_mask", "tgt_mask"}
+    params = tuple(m.parameters())
+
+    def fn(*inputs):
+        return m(*inputs[: len(args)], **masks)
+
+    assert torch.autograd.gradcheck(fn, args + params, fast_mode=True)

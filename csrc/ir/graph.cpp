@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 
 namespace torch_mgpu::ir {
 
@@ -34,6 +35,11 @@ Graph build_graph(const std::vector<Value>& roots) {
   g.deps.resize(g.nodes.size());
   g.users.resize(g.nodes.size());
   uint64_t h = 0xabcdef;
+  // Materialized operands hash by the order in which the graph first reads
+  // each: which reads share a value is structure (a plan lets a write reuse
+  // a value's bytes only where the writer is its one reader), their
+  // identities are not (each run of a loop reads new ones).
+  std::unordered_map<const Node*, uint64_t> leaf_order;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = *g.nodes[i];
     h = hash_combine(h, n.hash());
@@ -41,6 +47,7 @@ Graph build_graph(const std::vector<Value>& roots) {
       const int d = g.find(v.node.get());
       h = hash_combine(h, static_cast<uint64_t>(d + 1));
       h = hash_combine(h, static_cast<uint64_t>(v.index));
+      if (d < 0) h = hash_combine(h, leaf_order.emplace(v.node.get(), leaf_order.size()).first->second);
       if (d >= 0) {
         auto& deps = g.deps[i];
         if (std::find(deps.begin(), deps.end(), d) == deps.end()) {

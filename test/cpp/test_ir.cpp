@@ -101,6 +101,20 @@ TEST(Hash, GraphHashSeesEdges) {
   EXPECT_NE(g1.hash, g2.hash);
 }
 
+// Which reads share a materialized value is structure: a cached plan lets a
+// write reuse its operand's bytes where the writer is that value's one
+// reader, so a graph where another node reads it too must not find that
+// plan. Which values they are is not.
+TEST(Hash, GraphHashSeesWhichReadsShareALeaf) {
+  auto x = leaf(), y = leaf();
+  auto shared = build_graph({v(op("aten::mul", {x})), v(op("aten::copy_", {x, y}))});
+  auto apart = build_graph({v(op("aten::mul", {y})), v(op("aten::copy_", {x, y}))});
+  auto z = leaf(), w = leaf();
+  auto shared_again = build_graph({v(op("aten::mul", {z})), v(op("aten::copy_", {z, w}))});
+  EXPECT_NE(shared.hash, apart.hash);
+  EXPECT_EQ(shared.hash, shared_again.hash);
+}
+
 TEST(Graph, TopologicalOrderAndEdgesOnDiamond) {
   auto x = leaf();
   auto top = v(op("top", {x}));
