@@ -107,3 +107,21 @@ def test_transformer_gradcheck_with_masks():
         return m(*inputs[: len(args)], **masks)
 
     assert torch.autograd.gradcheck(fn, args + params, fast_mode=True)
+
+
+def test_gather_with_a_sparse_gradient_is_refused_at_the_call():
+    x = torch.randn(3, 4, requires_grad=True)
+    idx = torch.tensor([[0, 1], [2, 3], [1, 1]])
+    xm = x.detach().to("mgpu").requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"gather\(\.\.\., sparse_grad=True\).*sparse_grad=False"):
+        torch.gather(xm, 1, idx.to("mgpu"), sparse_grad=True)
+    # The way out named: the same gradient, dense.
+    torch.gather(xm, 1, idx.to("mgpu")).sum().backward()
+    torch.gather(x, 1, idx, sparse_grad=True).sum().backward()
+    assert torch.equal(xm.grad.cpu(), x.grad.to_dense())
+    # Without a gradient, sparse_grad changes nothing.
+    with torch.no_grad():
+        got = torch.gather(xm, 1, idx.to("mgpu"), sparse_grad=True)
+    assert torch.equal(got.cpu(), torch.gather(x.detach(), 1, idx))
+    got = torch.gather(xm.detach(), 1, idx.to("mgpu"), sparse_grad=True)
+    assert torch.equal(got.cpu(), torch.gather(x.detach(), 1, idx))

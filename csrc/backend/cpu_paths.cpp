@@ -27,17 +27,6 @@
 // num_classes below 1 in words of its own. Here the CPU's checks, in its
 // order (they read the smallest and largest class, a sync, as on the CPU),
 // then the composite.
-//
-// native_group_norm's gradient: autograd's formula makes the incoming
-// gradient and the saved input contiguous in the input's suggested memory
-// format on the CPU, contiguous elsewhere, so a channels-last input got a
-// contiguous input gradient on mgpu (CPU's is channels-last). Here autograd's
-// own kernel runs (its node, its saved values, its double backward); for a
-// channels-last input its node gets a post hook that, where the formula took
-// the single-backward path (no grad mode, only the input's gradient
-// incoming), computes the gradients as the CPU's path does. The formula's
-// own result is dropped before anything reads it: the lazy graph never runs
-// it.
 #include "backend/backend.h"
 
 #include <ATen/RedispatchFunctions.h>
@@ -50,9 +39,6 @@
 #include <ATen/ops/nanquantile_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/one_hot_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/quantile_compositeimplicitautograd_dispatch.h>
-#include <ATen/ops/native_group_norm_backward.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/library.h>
 
 namespace torch_mgpu::backend {
@@ -143,50 +129,6 @@ at::Tensor one_hot(const at::Tensor& self, int64_t num_classes) {
   return at::compositeimplicitautograd::one_hot(self, num_classes);
 }
 
-// Gives NativeGroupNormBackward0's results as the CPU's path computes them
-// (see the header comment). Owned by its node: holds it by pointer.
-struct GroupNormCpuLayouts final : torch::autograd::FunctionPostHook {
-  explicit GroupNormCpuLayouts(torch::autograd::generated::NativeGroupNormBackward0* node) : node_(node) {}
-
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& grads) override {
-    // The double-backward path (grad mode, or gradients of mean and rstd
-    // incoming) is composed of the same ops on every device.
-    if (at::GradMode::is_enabled() || grads.size() != 3 || !grads[0].defined() || grads[1].defined() ||
-        grads[2].defined() || outputs.size() != 3)
-      return outputs;
-    // The saved values' data (the node's own apply has unpacked and
-    // checked them; the hook runs before they are released). Values kept
-    // through saved-tensor hooks are not at hand: the formula's stand.
-    auto input = node_->input_.get_raw_data(), mean = node_->result1_.get_raw_data(),
-         rstd = node_->result2_.get_raw_data(), weight = node_->weight_.get_raw_data();
-    if (!input || !mean || !rstd || !weight || !input->defined()) return outputs;
-    const auto format = input->suggest_memory_format();
-    auto [dx, dgamma, dbeta] = at::native_group_norm_backward_symint(
-        grads[0].contiguous(format), input->contiguous(format), *mean, *rstd, *weight, node_->N, node_->C,
-        node_->HxW, node_->group,
-        {outputs[0].defined(), outputs[1].defined(), outputs[2].defined()});
-    return torch::autograd::variable_list{std::move(dx), std::move(dgamma), std::move(dbeta)};
-  }
-
- private:
-  torch::autograd::generated::NativeGroupNormBackward0* node_;
-};
-
-// Autograd's kernel for native_group_norm (the one every device gets), with
-// the hook above on the node of a channels-last input.
-void native_group_norm_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  static const c10::SafeKernelFunction autograd_kernel =
-      op.getComputedKernelForDispatchKey(c10::DispatchKey::AutogradCPU);
-  const at::Tensor input = (*stack)[0].toTensor();
-  const bool channels_last = input.defined() && input.suggest_memory_format() != at::MemoryFormat::Contiguous;
-  autograd_kernel.callBoxed(op, ks, stack);
-  if (!channels_last) return;
-  const at::Tensor& out = (*stack)[stack->size() - 3].toTensor();
-  auto* node = dynamic_cast<torch::autograd::generated::NativeGroupNormBackward0*>(out.grad_fn().get());
-  if (node) node->add_post_hook(std::make_unique<GroupNormCpuLayouts>(node));
-}
-
 } // namespace
 } // namespace torch_mgpu::backend
 
@@ -201,8 +143,6 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   // The composite, with its gradient, after the CPU's range check.
   TORCH_MGPU_QUANTILE_KERNELS(m);
   m.impl("one_hot", TORCH_FN(torch_mgpu::backend::one_hot));
-  m.impl("native_group_norm",
-         torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::native_group_norm_autograd>());
 }
 
 // Registered by name: a composite kernel counts as PrivateUse1's own, so the
