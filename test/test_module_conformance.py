@@ -125,3 +125,25 @@ def test_gather_with_a_sparse_gradient_is_refused_at_the_call():
     assert torch.equal(got.cpu(), torch.gather(x.detach(), 1, idx))
     got = torch.gather(xm.detach(), 1, idx.to("mgpu"), sparse_grad=True)
     assert torch.equal(got.cpu(), torch.gather(x.detach(), 1, idx))
+
+
+@pytest.mark.parametrize("module", ["Embedding", "EmbeddingBag"])
+def test_embeddings_with_sparse_gradients_are_refused_at_the_call(module):
+    torch.manual_seed(2)
+    kwargs = {"mode": "sum"} if module == "EmbeddingBag" else {}
+    idx = torch.tensor([[1, 2], [3, 1]])
+    for sparse in (False, True):
+        m = getattr(torch.nn, module)(10, 3, sparse=sparse, **kwargs)
+        mm = getattr(torch.nn, module)(10, 3, sparse=sparse, **kwargs)
+        mm.load_state_dict(m.state_dict())
+        mm.to("mgpu")
+        with torch.no_grad():  # no gradient: the flag changes nothing
+            assert torch.equal(mm(idx.to("mgpu")).cpu(), m(idx))
+        m(idx).sum().backward()
+        if sparse:
+            name = "embedding_bag" if module == "EmbeddingBag" else "embedding"
+            with pytest.raises(NotImplementedError, match=rf"mgpu: {name}\(\.\.\., sparse=True\).*sparse=False"):
+                mm(idx.to("mgpu"))
+        else:
+            mm(idx.to("mgpu")).sum().backward()
+            assert torch.equal(mm.weight.grad.cpu(), m.weight.grad)

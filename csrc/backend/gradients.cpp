@@ -10,10 +10,12 @@
 // gradients as the CPU's path does. The formula's own result is dropped
 // before anything reads it: the lazy graph never runs it.
 //
-// gather with sparse_grad=True: its gradient is a sparse COO tensor, and mgpu
-// has no sparse tensors; the backward failed at `backward()`, far from the
-// call. Where a gradient is wanted the call is refused, naming the way out;
-// without one sparse_grad changes nothing and the call is recorded.
+// Sparse gradients (gather's sparse_grad=True; embedding's and
+// embedding_bag's sparse=True, nn.Embedding(sparse=True)): the gradient is a
+// sparse COO tensor, and mgpu has no sparse tensors; the backward failed at
+// `backward()`, far from the call. Where a gradient is wanted the call is
+// refused, naming the way out; without one the flag changes nothing and the
+// call is recorded.
 #include "backend/backend.h"
 
 #include <ATen/ops/native_group_norm_backward.h>
@@ -73,22 +75,40 @@ void native_group_norm(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
   if (node) node->add_post_hook(std::make_unique<GroupNormCpuLayouts>(node));
 }
 
-// gather(self, dim, index, *, sparse_grad): refused where its sparse
-// gradient would be made.
-void gather(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const auto& args = *stack;
-  const bool sparse_grad = args.size() >= 4 && args[3].isBool() && args[3].toBool();
-  TORCH_CHECK_NOT_IMPLEMENTED(!sparse_grad || !wants_grad(args[0].toTensor()),
-                              "mgpu: gather(..., sparse_grad=True) makes a sparse gradient, and mgpu has no sparse "
-                              "tensors: use sparse_grad=False (the same gradient, dense), or gather on the CPU");
+// Ops whose bool argument Op::flag makes their first argument's gradient
+// sparse: refused where that gradient would be made. One instance per op
+// (its argument's place and autograd's kernel are kept).
+template <typename Op>
+void dense_gradients_only(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  static const size_t at = *schema.argumentIndexWithName(Op::flag);
+  const auto args = torch::jit::last(*stack, schema.arguments().size());
+  const bool sparse = args[at].isBool() && args[at].toBool();
+  static const std::string name = schema.name().substr(schema.name().find_first_not_of('_', 6));  // aten::_x: x
+  TORCH_CHECK_NOT_IMPLEMENTED(!sparse || !wants_grad(args[0].toTensor()), "mgpu: ", name, "(..., ",
+                              Op::flag, "=True) makes a sparse gradient, and mgpu has no sparse tensors: use ",
+                              Op::flag, "=False (the same gradient, dense), or run it on the CPU");
   static const c10::SafeKernelFunction kernel = autograd_kernel(op);
   kernel.callBoxed(op, ks, stack);
 }
+
+struct Gather {
+  static constexpr const char* flag = "sparse_grad";
+};
+struct Embedding {
+  static constexpr const char* flag = "sparse";
+};
+struct EmbeddingBag {
+  static constexpr const char* flag = "sparse";
+};
 
 } // namespace
 } // namespace torch_mgpu::backend
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::native_group_norm>());
-  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&torch_mgpu::backend::gather>());
+  namespace b = torch_mgpu::backend;
+  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&b::dense_gradients_only<b::Gather>>());
+  m.impl("embedding", torch::CppFunction::makeFromBoxedFunction<&b::dense_gradients_only<b::Embedding>>());
+  m.impl("_embedding_bag", torch::CppFunction::makeFromBoxedFunction<&b::dense_gradients_only<b::EmbeddingBag>>());
 }
