@@ -112,3 +112,43 @@ def test_views_inside_the_storage_are_fine(size, stride, offset):
     assert torch.equal(x.as_strided(size, stride, offset).cpu(), x_cpu.as_strided(size, stride, offset))
     assert torch.equal(x[2:].as_strided(size[:1], stride[:1], min(offset, 8)).cpu(),
                        x_cpu[2:].as_strided(size[:1], stride[:1], min(offset, 8)))
+
+
+DROPPED_RESULTS = (
+    "x = torch.randn(3, device='mgpu')\n"
+    "ints = torch.tensor([4, 5], device='mgpu')\n"
+    "a = torch.tensor([[1.0, 2.0], [2.0, 1.0]], device='mgpu')  # not positive-definite\n"
+    "calls = {'index': lambda: torch.index_select(x, 0, torch.tensor([0, 7], device='mgpu')),\n"
+    "         'floor_divide': lambda: ints // torch.zeros(2, dtype=torch.long, device='mgpu'),\n"
+    "         'cholesky': lambda: torch.linalg.cholesky(a)}\n"
+    "for name, call in calls.items():\n"
+    "    try:\n"
+    "        call()  # the result is dropped at once\n"
+    "        torch_mgpu.synchronize()\n"
+    "        print(name, 'no error')\n"
+    "    except Exception as e:\n"
+    "        kind = 'LinAlgError' if isinstance(e, torch.linalg.LinAlgError) else type(e).__name__\n"
+    "        print(name, kind)\n")
+
+
+@pytest.mark.parametrize("sync", ["lazy", "op"])
+def test_errors_of_results_dropped_before_the_sync(sync):
+    # Lazy semantics (README, "Differences from eager"): an op whose result
+    # is dropped before the sync never runs, so its data-dependent error
+    # never comes; TORCH_MGPU_SYNC=op runs each op at its call, and every
+    # error comes there, as eager's.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.pop("TORCH_MGPU_SYNC", None)
+    if sync == "op":
+        env["TORCH_MGPU_SYNC"] = "op"
+    out = subprocess.run([sys.executable, "-c", "import torch, torch_mgpu\n" + DROPPED_RESULTS],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = dict(line.split(" ", 1) for line in out.stdout.strip().split("\n"))
+    if sync == "lazy":
+        assert got == {"index": "no error", "floor_divide": "no error", "cholesky": "no error"}, got
+    else:
+        assert got == {"index": "IndexError", "floor_divide": "RuntimeError", "cholesky": "LinAlgError"}, got
