@@ -39,7 +39,7 @@ def eigh_times(plan):
     return e["end"] - e["start"], e["predicted_end"] - e["predicted_start"]
 
 
-def test_a_mispredicted_graph_is_planned_again_once(two_lanes_sync):
+def test_a_mispredicted_graph_is_planned_again_once(two_lanes_sync, calibrated_model):
     a, xs = inputs()
     want = workload(a, xs)
     ma, mxs = a.to("mgpu"), [x.to("mgpu") for x in xs]
@@ -82,3 +82,27 @@ def test_refinement_can_be_turned_off():
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_MGPU_REFINE": env},
                              capture_output=True, text=True, check=True).stdout.split()
         assert out[-1] == want
+
+
+def test_a_pinned_model_is_what_plans_follow_and_is_not_refined(two_lanes_sync):
+    from conftest import REFERENCE_MODEL, pin_reference_model
+    a, xs = inputs()
+    ma, mxs = a.to("mgpu"), [x.to("mgpu") for x in xs]
+    try:
+        torch_mgpu._C._pin_cost_model(dict(REFERENCE_MODEL, gemm_flops_per_s=1.0e6, small_gemm_flops_per_s=1.0e6))
+        assert torch_mgpu._C._cost_model_pinned()
+        assert torch_mgpu._C._cost_model()["gemm_flops_per_s"] == 1.0e6
+        for _ in range(7):
+            workload(ma, mxs).cpu()
+        plan = torch_mgpu.last_plan()
+        assert not plan.refined  # measured times do not move a pinned model's plans
+        # A product of 96x96 at a million flops a second: the pinned rate.
+        (mm,) = [e for e in plan.timeline() if e["op"] == "aten::mm"][:1]
+        assert mm["predicted_end"] - mm["predicted_start"] > 1.0
+        with pytest.raises(RuntimeError, match="unknown figure 'gemm'"):
+            torch_mgpu._C._pin_cost_model({"gemm": 1.0})
+        torch_mgpu._C._pin_cost_model(None)
+        assert not torch_mgpu._C._cost_model_pinned()
+        assert torch_mgpu._C._cost_model()["gemm_flops_per_s"] > 1.0e7  # calibrated
+    finally:
+        pin_reference_model()

@@ -256,9 +256,32 @@ const bool g_models_atfork = [] {
 }();
 } // namespace
 
+namespace {
+// The pinned model, read at every plan: an atomically swapped pointer (no
+// lock a fork could catch held).
+std::shared_ptr<const plan::CostModel>& pinned_model() {
+  static std::shared_ptr<const plan::CostModel> p;
+  return p;
+}
+} // namespace
+
+void pin_cost_model(std::optional<plan::CostModel> cm) {
+  capture::StateLock lock;
+  sync_all();  // pending work runs under the plans it was recorded for
+  std::shared_ptr<const plan::CostModel> next;
+  if (cm) next = std::make_shared<const plan::CostModel>(*cm);
+  std::atomic_store(&pinned_model(), std::move(next));
+  auto& c = config();
+  std::lock_guard<std::mutex> config_lock(c.m);
+  c.plans.clear();
+}
+
+bool cost_model_pinned() { return static_cast<bool>(std::atomic_load(&pinned_model())); }
+
 plan::CostModel cost_model() {
   static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
   auto lanes = current_lanes();
+  if (auto pinned = std::atomic_load(&pinned_model())) return plan::with_link(*pinned, lanes->topo);
   if (lanes->topo.cuda) {
     // Devices of one topology are taken to be alike: the first one is measured.
     const auto device = lanes->places.at(0).device;

@@ -8,6 +8,7 @@
 #include <torch_mgpu/mgpu.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,15 @@ void start_stream_sanitizer();
 std::vector<std::string> stop_stream_sanitizer();
 std::vector<std::string> lane_names();
 std::string policy();
-// The calibrated cost model (measured at first use, then cached).
+// The cost model plans follow: the pinned one where one is, else the
+// calibrated one (measured at first use, then cached).
 plan::CostModel cost_model();
+// Pins the model every plan follows from now on (nullopt: the calibrated one
+// again), with no refinement by measured times while pinned: plans that do
+// not move with the machine's load, for tests that assert a plan's shape.
+// Runs what is pending first and empties the plan cache.
+void pin_cost_model(std::optional<plan::CostModel> cm);
+bool cost_model_pinned();
 
 // torch.compile's partitioner asks the model that plans (engine/costs.cpp):
 // seconds of `w` on one of `lanes` lanes like the current ones when all of

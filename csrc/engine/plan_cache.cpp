@@ -188,7 +188,7 @@ bool uses_other_ranks(const plan::Plan& p) {
 
 void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::shared_ptr<const plan::Plan>& p,
            const runtime::ExecResult& r) {
-  if (!refine_enabled() || r.first_error || r.timing.size() != g.size()) return;
+  if (!refine_enabled() || cost_model_pinned() || r.first_error || r.timing.size() != g.size()) return;
   const auto& cm = cost_model();  // before the config lock: it reads the lanes
   const auto topo = for_caller(l.topo, caller_threads);
   auto& c = config();

@@ -15,6 +15,7 @@
 #include "runtime/lanes.h"
 
 #include <algorithm>
+#include <map>
 
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_resize_output.h>
@@ -284,6 +285,35 @@ PYBIND11_MODULE(_C, m) {
     d["calibrated"] = cm.calibrated;
     return d;
   });
+  // A model pinned for every plan (tests that assert a plan's shape): the
+  // default figures with the given ones over them; None: the calibrated one.
+  m.def("_pin_cost_model", [](const py::object& figures) {
+    std::optional<torch_mgpu::plan::CostModel> cm;
+    if (!figures.is_none()) {
+      torch_mgpu::plan::CostModel model;
+      model.calibrated = true;
+      std::map<std::string, double*> fields{
+          {"gemm_flops_per_s", &model.gemm_flops_per_s}, {"small_gemm_flops_per_s", &model.small_gemm_flops_per_s},
+          {"elem_per_s", &model.elem_per_s}, {"transcendental_per_s", &model.transcendental_per_s},
+          {"bytes_per_s", &model.bytes_per_s}, {"op_overhead_s", &model.op_overhead_s},
+          {"lane_sync_s", &model.lane_sync_s}, {"launch_s", &model.launch_s},
+          {"transfer_bytes_per_s", &model.transfer_bytes_per_s}, {"network_latency_s", &model.network_latency_s},
+          {"network_bytes_per_s", &model.network_bytes_per_s}, {"remote_call_s", &model.remote_call_s},
+          {"parallel_min_flops", &model.parallel_min_flops}, {"parallel_efficiency", &model.parallel_efficiency},
+          {"partition_call_s", &model.partition_call_s}};
+      for (auto item : figures.cast<py::dict>()) {
+        const auto key = item.first.cast<std::string>();
+        if (key == "calibrated") continue;
+        auto f = fields.find(key);
+        TORCH_CHECK(f != fields.end(), "torch_mgpu._pin_cost_model: unknown figure '", key, "'");
+        *f->second = item.second.cast<double>();
+      }
+      cm = model;
+    }
+    py::gil_scoped_release nogil;  // runs what is pending
+    torch_mgpu::engine::pin_cost_model(std::move(cm));
+  });
+  m.def("_cost_model_pinned", [] { return torch_mgpu::engine::cost_model_pinned(); });
   // torch.compile's partitioner (torch_mgpu/_partition.py) asks the model
   // that plans: an op's work, as a partition's figures (gemm_flops, elem,
   // transcendental, bytes); what such work costs on one of `lanes` lanes;
