@@ -147,3 +147,49 @@ def test_embeddings_with_sparse_gradients_are_refused_at_the_call(module):
         else:
             mm(idx.to("mgpu")).sum().backward()
             assert torch.equal(mm.weight.grad.cpu(), m.weight.grad)
+
+
+LSTM_GRADGRAD = """
+import torch, torch_mgpu, sys
+from torch.testing._internal.common_modules import module_db
+from torch.testing._internal.common_utils import gradgradcheck
+info = next(m for m in module_db if m.module_cls is torch.nn.LSTM)
+torch.manual_seed(0)
+samples = info.module_inputs_func(info, device="mgpu", dtype=torch.float64, requires_grad=True, training=False)
+print("start", flush=True)
+try:
+    for k in range(int(sys.argv[1])):
+        s = samples[k % len(samples)]
+        m = info.module_cls(*s.constructor_input.args, **s.constructor_input.kwargs).to("mgpu", torch.float64).eval()
+        flat, spec = torch.utils._pytree.tree_flatten(s.forward_input.args + tuple(m.parameters()))
+        n = len(s.forward_input.args)
+        def fn(*xs):
+            return torch.utils._pytree.tree_flatten(m(*torch.utils._pytree.tree_unflatten(xs, spec)[:n]))[0]
+        assert gradgradcheck(fn, flat)
+    print("done", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_lstm_double_backward_finishes_and_is_interruptible():
+    # test_modules' test_gradgrad_nn_LSTM_{eval,train}_mode: gradgradcheck
+    # over module_db's LSTM samples (two layers, projections, both
+    # directions). Some samples run to the end here; a run over all of them,
+    # again and again, stops at SIGINT with a KeyboardInterrupt.
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = subprocess.run([sys.executable, "-c", LSTM_GRADGRAD, "4"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.split() == ["start", "done"], out.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", LSTM_GRADGRAD, "1000000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "start"
+        time.sleep(5)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert stdout.split() == ["interrupted"], stderr[-2000:]
