@@ -1375,3 +1375,17 @@ def test_a_quotient_that_overflows_floor_divides_as_eager(tiered, no_trial):
 
     tiers = run_hot(f, [a, tiny])
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_a_conversion_to_bool_is_nonzero_in_compiled_code(tiered, no_trial):
+    # `.bool()` records a copy_ into a bool tensor; inductor's code fused it
+    # with an arange and dropped the conversion (difffuzz seed 3915445:
+    # arange(3).bool() + -1.5 gave 0.5 where eager gives -0.5).
+    def f(x, n):
+        flags = torch.arange(5, device=x.device).bool()
+        return flags + -1.5 + x, n.bool() * 2.5
+
+    x = torch.randn(5)
+    n = torch.tensor([0, 3, -2, 0, 7])
+    tiers = run_hot(f, [x, n], exact=True)
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()

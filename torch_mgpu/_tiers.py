@@ -703,6 +703,13 @@ def replay_fn(req, subst=None):
                 # and casts the result (difffuzz seed 3790022: a float16
                 # sum into an int64 out=, 3 in eager, 2 traced).
                 kwargs["dtype"] = kwargs["out"].dtype
+            if (node["op"] == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor)
+                    and args[0].dtype == torch.bool and args[1].dtype != torch.bool):
+                # A conversion to bool (`x.bool()` records a copy_ into a
+                # bool tensor) as eager means it, nonzero: inductor folded
+                # the dtype copy of a fused arange away (difffuzz seed
+                # 3915445: arange(3).bool() + -1.5 added 2, not True).
+                args[1] = args[1] != 0
             if i in formulas:
                 out = _call_eager_formula(formulas[i], node["op"], args, kwargs)
             else:
