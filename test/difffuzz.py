@@ -1649,6 +1649,7 @@ def differ(a, b):
 
 # The float whose bytes a dtype view reads as integers (view_expr's reinterprets).
 _FLOAT_OF_SIZE = {torch.int32: torch.float32, torch.int64: torch.float64}
+_BIT_VIEW = re.compile(r"\.view\(torch\.int(32|64)\)")
 
 
 def close_as_viewed_floats(prog, name, a, b):
@@ -1664,7 +1665,10 @@ def close_as_viewed_floats(prog, name, a, b):
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype \
             or a.shape != b.shape or a.dtype not in _FLOAT_OF_SIZE:
         return False
-    views = {j: st.stores for j, st in enumerate(prog.stmts) if st.tag.endswith("view_dtype")}
+    # A bit view is a statement of its own or an operand of another one
+    # (`torch.ceil(x.view(torch.int32))`, seed 3915424).
+    views = {j: st.stores for j, st in enumerate(prog.stmts)
+             if st.tag.endswith("view_dtype") or _BIT_VIEW.search(st.src)}
     if name not in tainted(prog, views):
         return False
     fa, fb = a.view(_FLOAT_OF_SIZE[a.dtype]), b.view(_FLOAT_OF_SIZE[a.dtype])

@@ -404,3 +404,18 @@ def test_a_float_read_through_a_dtype_view_compares_as_the_float_in_tier_1():
     got.values["v1"] = ref.values["v1"] + 1
     with difffuzz.configured(difffuzz.TIER1):
         assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v1"]
+
+
+def test_a_dtype_view_inside_an_operand_counts_as_a_dtype_view_in_tier_1():
+    # `torch.ceil(x.view(torch.int32))` (seed 3915424): the bit view is an
+    # operand of another statement, not a statement of its own.
+    prog = Program(0, [Stmt("v0 = torch.tensor([0.3, 2.6, 2.9], device=dev)", "input"),
+                       Stmt("v1 = v0.exp()", "unary.exp"),
+                       Stmt("v2 = torch.ceil(v1.view(torch.int32))", "unary.ceil"),
+                       Stmt("v3 = torch.ceil(v1.int())", "unary.ceil")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    got.values["v2"] = ref.values["v2"] + 1
+    got.values["v3"] = ref.values["v3"] + 1
+    with difffuzz.configured(difffuzz.TIER1):
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3"]
