@@ -1389,3 +1389,32 @@ def test_a_conversion_to_bool_is_nonzero_in_compiled_code(tiered, no_trial):
     n = torch.tensor([0, 3, -2, 0, 7])
     tiers = run_hot(f, [x, n], exact=True)
     assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+
+
+@pytest.mark.parametrize("mode", ["train", "train_no_stats", "eval"])
+def test_batch_norm_in_compiled_code_is_eagers_scale_and_shift(tiered, no_trial, mode):
+    # Eager's CPU kernel computes x * alpha + beta with alpha = invstd *
+    # weight and beta = bias - mean * alpha per channel; the decomposition
+    # computes (x - mean) * invstd * weight + bias. With an infinite weight
+    # eager gives NaN (inf - inf) where the decomposition gives +-inf
+    # (difffuzz seed 3914835).
+    def f(x, w, b, rm, rv):
+        if mode == "train_no_stats":
+            out = torch.nn.functional.batch_norm(x, None, None, w, b, training=True, momentum=0.5)
+        else:
+            out = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=mode == "train", momentum=0.5)
+        return out * 1.0, rm + 0, rv + 0
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 5, generator=g)
+    w = torch.randn(4, generator=g)
+    w[1] = float("-inf")
+    w[2] = float("inf")
+    b = torch.randn(4, generator=g)
+    rm = torch.randn(4, generator=g)
+    rv = torch.rand(4, generator=g) + 0.5
+    # Fresh running statistics each run on both sides: the kernel writes them.
+    tiers = run_hot(lambda *t: f(t[0], t[1], t[2], t[3].clone(), t[4].clone()), [x, w, b, rm, rv])
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+    want = f(x, w, b, rm.clone(), rv.clone())[0]
+    assert want[:, 1:3].isnan().any()  # the case the test is about

@@ -440,6 +440,44 @@ def _fma_formula(node):
     return None
 
 
+_BATCH_NORMS = frozenset(("aten::native_batch_norm", "aten::_native_batch_norm_legit",
+                          "aten::_native_batch_norm_legit_no_training"))
+
+
+def _eager_batch_norm(op, names, *vals):
+    """A batch norm's result as eager's CPU kernel computes it: per channel
+    alpha = invstd * weight and beta = bias - mean * alpha, then x * alpha
+    + beta. The decomposition computes (x - mean) * invstd * weight + bias,
+    which is +-inf where eager's is NaN for an infinite weight (inf - inf:
+    difffuzz seed 3914835). The statistics and the running statistics'
+    updates are the decomposition's (its own result is unused)."""
+    out, save_mean, save_invstd = op(*vals)
+    a = dict(zip(names, vals))
+    x, weight, bias = a["input"], a["weight"], a["bias"]
+    opmath = torch.float32 if x.dtype in _REDUCED_FLOATS else x.dtype
+    if a.get("training", False):
+        mean, invstd = save_mean.to(opmath), save_invstd.to(opmath)
+    else:
+        mean = a["running_mean"].to(opmath)
+        invstd = 1 / torch.sqrt(a["running_var"].to(opmath) + a["eps"])
+    alpha = invstd * weight.to(opmath) if weight is not None else invstd
+    beta = (bias.to(opmath) if bias is not None else 0) - mean * alpha
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    result = (x.to(opmath) * alpha.view(shape) + beta.view(shape)).to(x.dtype)
+    return result, save_mean, save_invstd
+
+
+def _batch_norm_formula(node):
+    """For a batch norm (not its out= variant): _eager_batch_norm."""
+    names = [n for n, _, _ in node["args"]]
+    if node["op"] not in _BATCH_NORMS or "out" in names:
+        return None
+    if node["args"][0][2][0] != "t" or node["args"][0][2][1][1][3] not in (torch.float32, torch.float64) + _REDUCED_FLOATS:
+        return None
+    op = _op(node["op"], node["overload"])
+    return _WholeCall(functools.partial(_eager_batch_norm, op, names), names)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -451,6 +489,9 @@ def _eager_formula(node):
     names = [n for n, _, _ in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
+    batch_norm = _batch_norm_formula(node)
+    if batch_norm is not None:
+        return batch_norm
     fma = _fma_formula(node)
     if fma is not None:
         return fma
