@@ -152,3 +152,40 @@ def test_errors_of_results_dropped_before_the_sync(sync):
         assert got == {"index": "no error", "floor_divide": "no error", "cholesky": "no error"}, got
     else:
         assert got == {"index": "IndexError", "floor_divide": "RuntimeError", "cholesky": "LinAlgError"}, got
+
+
+INTERRUPTED_META = """
+import warnings
+import torch, torch_mgpu
+warnings.simplefilter("ignore")  # overriding a registered Meta kernel warns
+mode = {"raise": None}
+lib = torch.library.Library("aten", "IMPL")
+def meta(a, b):
+    if mode["raise"] is not None:
+        raise mode["raise"]
+    return torch.empty_like(a)
+lib.impl("logaddexp", meta, "Meta")
+# New sizes each time: a Meta result of the same signature is cached.
+for n, stop in ((4, None), (5, KeyboardInterrupt()), (6, RuntimeError("meta refuses")), (7, SystemExit(3))):
+    mode["raise"] = stop
+    a, b = torch.randn(n), torch.randn(n)
+    try:
+        y = torch.logaddexp(a.to("mgpu"), b.to("mgpu"))
+        print(n, torch.allclose(y.cpu(), torch.logaddexp(a, b)))
+    except BaseException as e:
+        print(n, type(e).__name__)
+"""
+
+
+def test_a_keyboard_interrupt_in_a_python_meta_kernel_stops_the_program():
+    # A SIGINT while Python code runs under a call (a Meta kernel written in
+    # Python: LSTM's cell) raises KeyboardInterrupt there; the call must not
+    # take it as the Meta kernel refusing the call and rerun the op on the
+    # CPU (which went on as if nothing happened: an LSTM double backward
+    # ignored SIGINT). A Python Meta kernel's own error still gives the CPU
+    # rerun, with no Python error left pending.
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED_META], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:4] == ["4 True", "5 KeyboardInterrupt", "6 True", "7 SystemExit"], out.stdout

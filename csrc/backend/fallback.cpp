@@ -84,8 +84,11 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   bool background_safe = false;
   try {
     background_safe = capture::record(info, op, stack, cpu_as_meta, state, borrowed);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     if (borrowed) borrowed->own();
+    // A SIGINT that Python code under the call (a Meta kernel written in
+    // Python) took as KeyboardInterrupt stops the program: no eager rerun.
+    if (capture::is_interrupt(e)) throw;
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error. Over a
     // storage mgpu did not make it cannot: the recording's error is the call's.

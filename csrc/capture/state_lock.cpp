@@ -49,6 +49,8 @@ void drain_deferred() {
 
 void set_interpreter_lock(const InterpreterLock& hooks) { g_hooks = hooks; }
 
+bool is_interrupt(const std::exception& e) { return g_hooks.is_interrupt && g_hooks.is_interrupt(e); }
+
 bool holds_state_lock() { return t_depth > 0; }
 
 StateLock::StateLock() : owns_(true) {

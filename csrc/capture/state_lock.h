@@ -14,6 +14,7 @@
 // run wherever a tensor dies (with the GIL held, in Python), never wait for
 // the state lock: when it is taken they leave the buffer to whoever holds
 // it, which frees it before letting go.
+#include <exception>
 #include <mutex>
 
 namespace torch_mgpu::capture {
@@ -26,8 +27,16 @@ struct InterpreterLock {
   bool (*held)() = nullptr;      // does this thread hold it?
   void* (*release)() = nullptr;  // lets go of it; returns what restore needs
   void (*restore)(void*) = nullptr;
+  // Is this error the interpreter's own stop (KeyboardInterrupt at a
+  // SIGINT, SystemExit) raised by Python code that ran under a call (a Meta
+  // kernel registered from Python), rather than the call's error?
+  bool (*is_interrupt)(const std::exception&) = nullptr;
 };
 void set_interpreter_lock(const InterpreterLock& hooks);
+
+// Whether `e` is the interpreter's stop (see InterpreterLock::is_interrupt):
+// never taken for an op's error (no fallback, no retry), always rethrown.
+bool is_interrupt(const std::exception& e);
 
 // Holds the state lock for a scope (see above). Recursive.
 class StateLock {

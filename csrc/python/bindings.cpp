@@ -22,6 +22,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -76,6 +77,29 @@ bool gil_held() {
 }
 void* gil_release() { return PyEval_SaveThread(); }
 void gil_restore(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
+// KeyboardInterrupt or SystemExit, as a Python kernel's error reaches C++
+// (pybind11's error_already_set, or torch's python_error, whose exception
+// may still be this thread's pending one). Any other Python error the
+// caller now handles (by a rerun on the CPU) is no longer pending.
+bool python_interrupt(const std::exception& e) {
+  const auto stops = [](PyObject* type) {
+    return type && (PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt) ||
+                    PyErr_GivenExceptionMatches(type, PyExc_SystemExit));
+  };
+  if (!Py_IsInitialized()) return false;
+  if (const auto* pe = dynamic_cast<const py::error_already_set*>(&e)) {
+    py::gil_scoped_acquire gil;
+    return stops(pe->type().ptr());
+  }
+  if (const auto* pe = dynamic_cast<const python_error*>(&e)) {
+    py::gil_scoped_acquire gil;
+    if (pe->type) return stops(pe->type);
+    if (stops(PyErr_Occurred())) return true;
+    PyErr_Clear();
+    return false;
+  }
+  return false;
+}
 
 py::list plan_timeline(const PlanHandle& h) {
   py::list tl;
@@ -185,7 +209,7 @@ torch_mgpu::plan::Work work_of(std::map<std::string, double> work) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_mgpu: lazy multi-lane executor behind the mgpu device";
-  torch_mgpu::capture::set_interpreter_lock({&gil_held, &gil_release, &gil_restore});
+  torch_mgpu::capture::set_interpreter_lock({&gil_held, &gil_release, &gil_restore, &python_interrupt});
   // Every call that reaches the engine lets go of the GIL while it runs
   // (results are converted to Python objects after it is taken back).
   using nogil = py::call_guard<py::gil_scoped_release>;
