@@ -11,6 +11,8 @@ import atexit
 import torch
 
 from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "mgpu"
+
+_C._check_env()  # a TORCH_MGPU_* variable that does not parse raises here, naming it
 from . import device as _device_module
 from . import _meta_warnings, _settings, _tiers
 from ._plan import Plan, Simulation, device_profiles, last_plan, simulate

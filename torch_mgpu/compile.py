@@ -54,7 +54,7 @@ _graphs = weakref.WeakSet()  # every live CompiledGraph
 # both ways over its first calls and keeps the faster; "partitions" and
 # "whole" fix the choice. Read when a graph is compiled.
 CHOICES = ("measure", "partitions", "whole")
-CHOICE = os.environ.get("TORCH_MGPU_COMPILE_CHOICE", "measure")
+CHOICE = _C._env_text("TORCH_MGPU_COMPILE_CHOICE") or "measure"
 TRIALS = 5          # timed calls of each way (after an untimed first one)
 MARGIN = 1.05       # the partitions are kept only if this much faster
 

@@ -23,7 +23,7 @@ def serve() -> bool:
         dist.init_process_group("gloo")
     if dist.get_rank() == 0:
         raise RuntimeError("torch_mgpu.worker: rank 0 is the controller (the user's program), not a worker")
-    threads = os.environ.get("TORCH_MGPU_WORKER_THREADS")
+    threads = torch_mgpu._C._env_text("TORCH_MGPU_WORKER_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
     return torch_mgpu._C._serve(dist.group.WORLD)

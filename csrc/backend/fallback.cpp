@@ -3,6 +3,7 @@
 // run eagerly what cannot be recorded, sync when the graph grows too large
 // or TORCH_MGPU_SYNC=op asks, else start a background flight when due), and
 // the registrations that send ops to it.
+#include "ir/env.h"
 #include "backend/backend.h"
 #include "capture/arguments.h"
 #include "capture/borrowed_args.h"
@@ -28,14 +29,7 @@ namespace {
 // does for CUDA: an error that depends on data is raised by the call that
 // caused it (for debugging: it gives up all parallelism).
 bool sync_each_op() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_MGPU_SYNC");
-    if (!e || !*e) return false;
-    const std::string v(e);
-    TORCH_CHECK(v == "op" || v == "graph", "TORCH_MGPU_SYNC: unknown value '", v,
-                "' (expected 'op': run each op at its call, or 'graph': the default)");
-    return v == "op";
-  }();
+  static const bool on = ir::env::choice(ir::env::Var::Sync, {"op", "graph"}, "graph") == "op";
   return on;
 }
 

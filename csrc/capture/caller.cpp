@@ -1,4 +1,5 @@
 #include "capture/caller.h"
+#include "ir/env.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -12,10 +13,7 @@ std::atomic<CallerProvider>& provider_slot() {
   return p;
 }
 bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_MGPU_CALLER");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = ir::env::on_unless_zero(ir::env::Var::Caller);
   return on;
 }
 } // namespace

@@ -2,6 +2,7 @@
 // geometry comes from running it on Meta tensors (cached per signature);
 // the call is recorded as one IR node. Views alias the mgpu storage directly,
 // in-place and out= ops produce the next version of the written storages.
+#include "ir/env.h"
 #include "capture/arguments.h"
 #include "capture/caller.h"
 #include "capture/capture.h"
@@ -1604,17 +1605,7 @@ bool runs_eagerly(const OpInfo& info) { return info.eager; }
 bool ignores_matmul_precision(const OpInfo& info) { return info.pointwise; }
 
 int64_t full_probe_numel() {
-  static const int64_t limit = [] {
-    constexpr int64_t kDefault = int64_t{1} << 14;
-    const char* s = std::getenv("TORCH_MGPU_FULL_PROBE_NUMEL");
-    if (!s) return kDefault;
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(s, &end, 10);
-    TORCH_CHECK_VALUE(*s && errno == 0 && *end == '\0' && v >= 0, "TORCH_MGPU_FULL_PROBE_NUMEL='", s,
-                      "' is not a count of elements (an integer, 0 or more)");
-    return static_cast<int64_t>(v);
-  }();
+  static const int64_t limit = ir::env::integer(ir::env::Var::FullProbeNumel, int64_t{1} << 14, 0);
   return limit;
 }
 

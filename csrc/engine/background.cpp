@@ -1,6 +1,7 @@
 // Background execution: every `async_ops()` recorded ops the pending graph
 // becomes a flight, built, planned and executed by a background worker while
 // capture goes on; the next flush or sync waits for it and binds it.
+#include "ir/env.h"
 #include "capture/capture.h"
 #include "engine/execution.h"
 #include "ir/call_state.h"
@@ -55,8 +56,7 @@ class Worker {
 
  private:
   Worker() {
-    const char* spin = std::getenv("TORCH_MGPU_SPIN_US");
-    spin_ns_ = (spin ? std::atoll(spin) : 300) * 1000;
+    spin_ns_ = runtime::spin_us() * 1000;
     runtime::note_threads_started();
     thread_ = std::thread([this] { loop(); });
     thread_.detach();
@@ -114,10 +114,7 @@ struct Background {
   std::exception_ptr error;            // first error of a bound flight, for the next sync
   int64_t since_flush = 0;             // ops recorded since the last flush
   bool blocked = false;                // a pending node must not run in the background
-  int64_t threshold = [] {
-    const char* e = std::getenv("TORCH_MGPU_ASYNC_OPS");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
-  }();
+  int64_t threshold = ir::env::integer(ir::env::Var::AsyncOps, 256, 0);
 };
 Background& background() {
   static auto* b = new Background();

@@ -1,6 +1,7 @@
 // Where graphs run: the lanes (from the environment, then configure()), the
 // cost model measured once per process, and the stream sanitizer's switch.
 #include "engine/config.h"
+#include "ir/env.h"
 #include "ir/fork_order.h"
 #include "capture/capture.h"
 #include "runtime/calibrate.h"
@@ -43,15 +44,6 @@ std::vector<std::string> split(const std::string& s) {
 // The number the environment variable `name` holds, parsed whole: finite
 // and positive (a link's figures; 0 would read as "not measured"); nullopt
 // where it is not set.
-std::optional<double> env_number(const char* name, const char* unit) {
-  const char* text = std::getenv(name);
-  if (!text) return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  TORCH_CHECK(end != text && *end == '\0' && std::isfinite(v) && v > 0, "torch_mgpu: ", name,
-              " must be a positive number of ", unit, ", got '", text, "'");
-  return v;
-}
 
 // Greets each worker rank `t` names (same build on both sides) and
 // measures the network to them: a request's round trip, and the bandwidth
@@ -81,8 +73,8 @@ void check_remote_devices(plan::Topology& t) {
   // figure is not the one to plan for (a link shared with other traffic);
   // TORCH_MGPU_NETWORK_LATENCY_US the latency (below). Both are checked
   // before anything is probed.
-  const std::optional<double> set_gbps = env_number("TORCH_MGPU_NETWORK_GBPS", "GB/s");
-  const std::optional<double> set_latency_us = env_number("TORCH_MGPU_NETWORK_LATENCY_US", "us");
+  const std::optional<double> set_gbps = ir::env::positive_number(ir::env::Var::NetworkGbps, "GB/s");
+  const std::optional<double> set_latency_us = ir::env::positive_number(ir::env::Var::NetworkLatencyUs, "us");
   if (trips.empty()) return;
   // A value that crosses ranks mid-run also waits for the threads that
   // carry it (the transport's, the receiving lane's) to get a core while
@@ -120,18 +112,18 @@ constexpr int kStreamsPerDevice = 4;
 } // namespace
 
 Config::Config() {
-  capture::full_probe_numel();  // an invalid TORCH_MGPU_FULL_PROBE_NUMEL raises here
-  const char* d = std::getenv("TORCH_MGPU_DEVICES");
-  const char* l = std::getenv("TORCH_MGPU_LANES");
-  const char* p = std::getenv("TORCH_MGPU_POLICY");
+  ir::env::check_all();  // an invalid TORCH_MGPU_* raises here, at the first use
+  const auto d = ir::env::text(ir::env::Var::Devices);
   std::vector<std::string> devices;
   if (d) {
-    devices = split(d);
+    devices = split(*d);
   } else {
     for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
     if (devices.empty()) devices.push_back("cpu");
   }
-  lanes = make_lanes(checked_topology(devices, l ? std::atoi(l) : default_lanes(devices)), p ? p : "auto");
+  const auto lanes_per_device = ir::env::integer(ir::env::Var::Lanes, default_lanes(devices), 1);
+  lanes = make_lanes(checked_topology(devices, static_cast<int>(lanes_per_device)),
+                     ir::env::choice(ir::env::Var::Policy, {"auto", "heft", "serial"}, "auto"));
   // A fork() while the background worker plans under `m` would leave it
   // held in the child, whose first sync needs it: fork waits for it.
   ir::on_fork(ir::ForkRank::Config, [] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });
@@ -279,7 +271,7 @@ void pin_cost_model(std::optional<plan::CostModel> cm) {
 bool cost_model_pinned() { return static_cast<bool>(std::atomic_load(&pinned_model())); }
 
 plan::CostModel cost_model() {
-  static const bool skip = std::getenv("TORCH_MGPU_NO_CALIBRATION") != nullptr;
+  static const bool skip = ir::env::is_set(ir::env::Var::NoCalibration);
   auto lanes = current_lanes();
   if (auto pinned = std::atomic_load(&pinned_model())) return plan::with_link(*pinned, lanes->topo);
   if (lanes->topo.cuda) {

@@ -1,6 +1,7 @@
 // The plan cache: a plan per graph hash and lanes, refined once by the
 // measured times of its first runs.
 #include "engine/plan_cache.h"
+#include "ir/env.h"
 #include "engine/config.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
@@ -21,10 +22,7 @@ constexpr double kRefineOff = 1.5;
 constexpr double kRefineMinSeconds = 50e-6;
 
 bool refine_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_MGPU_REFINE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = ir::env::on_unless_zero(ir::env::Var::Refine);
   return on;
 }
 

@@ -1,6 +1,7 @@
 // The sync point. Reads as its phases: collect the live pending storages,
 // build the graph, look up or build a plan, execute, bind the results back
 // to the storages, then report the first error if an op raised.
+#include "ir/env.h"
 #include "capture/capture.h"
 #include "engine/engine.h"
 #include "engine/execution.h"
@@ -187,10 +188,7 @@ std::vector<ir::Value> pending_roots() {
 namespace {
 // Read by every capture, set from any thread: atomic.
 std::atomic<int64_t>& max_pending_slot() {
-  static std::atomic<int64_t> n{[] {
-    const char* e = std::getenv("TORCH_MGPU_MAX_PENDING");
-    return e ? std::max<int64_t>(1, std::atoll(e)) : int64_t{100000};
-  }()};
+  static std::atomic<int64_t> n{ir::env::integer(ir::env::Var::MaxPending, 100000, 1)};
   return n;
 }
 } // namespace

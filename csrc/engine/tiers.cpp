@@ -1,6 +1,7 @@
 // Tiered execution (see tiers.h): hot graphs, the compile queue, tier-1 runs
 // and the measured choice between the tiers.
 #include "engine/tiers.h"
+#include "ir/env.h"
 #include "ir/fork_order.h"
 
 #include "capture/lazy_tensor.h"
@@ -112,11 +113,10 @@ std::atomic<bool>& trial_slot() {
 
 std::atomic<int>& hits_slot() {
   static std::atomic<int> n{[] {
-    const char* e = std::getenv("TORCH_MGPU_COMPILE");
-    if (e == nullptr || *e == '\0') return 0;
-    if (!std::strcmp(e, "off") || !std::strcmp(e, "0")) return 0;
-    if (!std::strcmp(e, "on")) return 2;
-    return std::max(0, std::atoi(e));
+    const auto e = ir::env::text(ir::env::Var::Compile);
+    if (!e || e->empty() || *e == "off") return 0;
+    if (e && *e == "on") return 2;
+    return static_cast<int>(ir::env::integer(ir::env::Var::Compile, 0, 0));
   }()};
   return n;
 }

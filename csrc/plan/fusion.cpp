@@ -1,4 +1,5 @@
 #include "plan/fusion.h"
+#include "ir/env.h"
 
 #include <c10/util/accumulate.h>
 
@@ -236,10 +237,7 @@ void assign_slots(const ir::Graph& g, const Fusion& f, const std::vector<char>& 
 } // namespace
 
 bool fusion_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TORCH_MGPU_FUSION");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool on = ir::env::on_unless_zero(ir::env::Var::Fusion);
   return on;
 }
 

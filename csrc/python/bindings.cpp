@@ -7,6 +7,7 @@
 #include "capture/random.h"
 #include "capture/state_lock.h"
 #include "engine/engine.h"
+#include "ir/env.h"
 #include "ir/partition.h"
 #include "python/caller.h"
 #include "python/tiers.h"
@@ -336,6 +337,20 @@ PYBIND11_MODULE(_C, m) {
     }
     py::gil_scoped_release nogil;  // runs what is pending
     torch_mgpu::engine::pin_cost_model(std::move(cm));
+  });
+  m.def("_check_env", &torch_mgpu::ir::env::check_all);
+  // The environment variables (ir/env.h): each name, its default and meaning.
+  m.def("_env_table", [] {
+    py::list out;
+    for (const auto& v : torch_mgpu::ir::env::table()) out.append(py::make_tuple(v.name, v.fallback, v.meaning));
+    return out;
+  });
+  // A variable's text (None where unset): Python reads the table's
+  // variables through this, and only those.
+  m.def("_env_text", [](const std::string& name) -> std::optional<std::string> {
+    for (const auto& v : torch_mgpu::ir::env::table())
+      if (name == v.name) return torch_mgpu::ir::env::text(v.var);
+    TORCH_CHECK_VALUE(false, "torch_mgpu: ", name, " is not one of its environment variables (ir/env.cpp)");
   });
   m.def("_cost_model_pinned", [] { return torch_mgpu::engine::cost_model_pinned(); });
   // torch.compile's partitioner (torch_mgpu/_partition.py) asks the model

@@ -1,4 +1,5 @@
 #include "runtime/faults.h"
+#include "ir/env.h"
 
 #include <c10/util/Exception.h>
 
@@ -24,8 +25,8 @@ struct Faults {
   std::array<std::string, kPoints> only;
   Faults() {
     // TORCH_MGPU_FAULT=point:n
-    if (const char* e = std::getenv("TORCH_MGPU_FAULT")) {
-      std::string s(e);
+    if (const auto e = ir::env::text(ir::env::Var::Fault)) {
+      const std::string& s = *e;
       auto colon = s.find(':');
       int64_t n = colon == std::string::npos ? 1 : std::atoll(s.c_str() + colon + 1);
       countdown[index(s.substr(0, colon))].store(n);

@@ -1,4 +1,5 @@
 #include "runtime/host_cache.h"
+#include "ir/env.h"
 #include "ir/fork_order.h"
 
 #include <c10/core/Allocator.h>
@@ -33,8 +34,7 @@ struct Cache {
 Cache& cache() {
   static auto* c = [] {
     auto* c = new Cache();
-    const char* e = std::getenv("TORCH_MGPU_HOST_CACHE_MB");
-    c->limit = (e ? static_cast<size_t>(std::max(0L, std::atol(e))) : size_t(1024)) << 20;
+    c->limit = static_cast<size_t>(ir::env::integer_or_fallback(ir::env::Var::HostCacheMb, 1024, 0)) << 20;
     // A fork() taken while another thread holds the lock would leave it
     // locked in the child: hold it across the fork instead.
     ir::on_fork(ir::ForkRank::HostCache, [] { cache().m.lock(); }, [] { cache().m.unlock(); }, [] { cache().m.unlock(); });

@@ -1,4 +1,5 @@
 #include "runtime/lanes.h"
+#include "ir/env.h"
 #include "ir/fork_order.h"
 
 #include <ATen/Parallel.h>
@@ -40,10 +41,15 @@ void set_thread_parallelism(int threads) {
 
 int thread_parallelism() { return omp_get_max_threads ? omp_get_max_threads() : at::get_num_threads(); }
 
+int64_t spin_us() {
+  static const int64_t us = ir::env::integer_or_fallback(ir::env::Var::SpinUs, 300, 0);
+  return us;
+}
+
 LanePool& LanePool::instance() {
   static auto* p = [] {
     auto* pool = new LanePool();  // leaked: threads must outlive static teardown
-    if (const char* s = std::getenv("TORCH_MGPU_SPIN_US")) pool->spin_ns_ = std::max(0L, std::atol(s)) * 1000;
+    pool->spin_ns_ = spin_us() * 1000;
     return pool;
   }();
   return *p;

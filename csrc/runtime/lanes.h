@@ -49,6 +49,10 @@ class LanePool {
   int64_t spin_ns_ = 300000;
 };
 
+// Microseconds a waiting thread spins before it sleeps
+// (TORCH_MGPU_SPIN_US, default 300): the lanes' and the background worker's.
+int64_t spin_us();
+
 // One step of a spin-wait: a pause instruction, and now and then a yield so
 // that a spinning thread gives way when threads outnumber cores (a yield is
 // a system call: yielding on every step costs more than the wait).

@@ -1,4 +1,5 @@
 #include "runtime/remote.h"
+#include "ir/env.h"
 #include "ir/call_state.h"
 #include "runtime/counters.h"
 #include "runtime/place.h"
@@ -39,9 +40,7 @@ enum class ErrorClass : uint8_t { Error, Index, Value, Type, NotImplemented, Lin
 
 std::chrono::milliseconds timeout() {
   static const auto t = [] {
-    const char* s = std::getenv("TORCH_MGPU_REMOTE_TIMEOUT");
-    double seconds = s ? std::atof(s) : 3600.0;
-    if (seconds <= 0) seconds = 3600.0;
+    const double seconds = ir::env::positive_number(ir::env::Var::RemoteTimeout, "seconds").value_or(3600.0);
     return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }();
   return t;
@@ -228,7 +227,7 @@ std::exception_ptr read_error(Reader& r, std::string* message) {
 }
 
 std::string wire_version() {
-  if (const char* fake = std::getenv("TORCH_MGPU_WIRE_VERSION")) return fake;  // tests: a mismatched worker
+  if (auto fake = ir::env::text(ir::env::Var::WireVersion)) return *fake;  // tests: a mismatched worker
   return "torch_mgpu 0.1.0 wire 4";  // 4: nodes carry their grad mode and thread count
 }
 
