@@ -31,7 +31,9 @@ The package by job: compile.py holds the compile thread and compiles a
 request (compile_request, compile_ways); replay.py replays a graph as a
 function (replay_fn); lifting.py traces it and lifts varying constants into
 inputs (lift); numerics.py holds eager's numerics that inductor's code
-would not keep; common.py the pieces they share.
+would not keep; common.py the pieces they share (the request's records as
+named tuples, made once as a request arrives: Arg, Ref, Geometry, Output,
+Written).
 """
 import sys
 

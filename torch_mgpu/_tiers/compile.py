@@ -9,7 +9,7 @@ import time
 import torch
 
 from .. import _C
-from .common import Unsupported
+from .common import Unsupported, records
 from .lifting import lift
 from .numerics import _number_rounding
 
@@ -21,14 +21,14 @@ def _flat_dtypes(req):
     """The dtype each leaf is read as (one per leaf)."""
     dtypes = [None] * len(req["leaves"])
     for node in req["nodes"]:
-        for _, _, (kind, value) in node["args"]:
+        for _, _, kind, value in node["args"]:
             refs = [value] if kind == "t" else value if kind == "l" else []
             for r in refs:
                 if r is None:
                     continue
-                v = node["operands"][r[0]]
+                v = node["operands"][r.operand]
                 if v < len(dtypes):
-                    dt = r[1][3]
+                    dt = r.geom.dtype
                     if dtypes[v] is not None and dtypes[v] != dt:
                         raise Unsupported("a storage read as two dtypes")
                     dtypes[v] = dt
@@ -171,6 +171,7 @@ def _serve():
         if req is None:
             return
         try:
+            req = records(req)  # the nodes' records as named tuples
             with _apart_from_dynamo():
                 ways = compile_ways(req)
         except Exception as e:  # the graph stays in tier 0

@@ -23,7 +23,7 @@ def lift_candidates(req):
     varying = {tuple(v) for v in req.get("varying", ())}
     out = []
     for i, node in enumerate(req["nodes"]):
-        for k, (_, _, (kind, value)) in enumerate(node["args"]):
+        for k, (_, _, kind, value) in enumerate(node["args"]):
             if kind != "c" or (i, k) not in varying:
                 continue
             if (isinstance(value, float) or (isinstance(value, torch.Tensor) and value.dim() == 0

@@ -25,7 +25,7 @@ _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 
 def _result_dtypes(node):
     """The dtypes of a recorded node's fresh outputs and written tensors."""
-    return [o[4][3] for o in node["outputs"] if o[1] < 0] + [w[2][3] for w in node.get("written", ())]
+    return [o.geom.dtype for o in node["outputs"] if o.mutated < 0] + [w.after.dtype for w in node.get("written", ())]
 
 
 def _compute_dtype(node):
@@ -35,9 +35,9 @@ def _compute_dtype(node):
     in-place tensor of another dtype is cast to at the end). None where
     they are not a tensor and a number or two tensors."""
     vals = []
-    for _, _, (kind, value) in node["args"][:2]:
+    for _, _, kind, value in node["args"][:2]:
         if kind == "t" and value is not None:
-            sizes, dtype = value[1][0], value[1][3]
+            sizes, dtype = value.geom.sizes, value.geom.dtype
             vals.append(torch.empty([1] * len(sizes), dtype=dtype))
         elif kind == "c" and type(value) in (bool, int, float, complex):
             vals.append(value)
@@ -121,9 +121,9 @@ def _accurate_erf(x):
 
 def _unary_formula(node):
     """For a float32 erf (erf_, erf.out): _accurate_erf; else None."""
-    if node["op"] not in ("aten::erf", "aten::erf_") or node["args"][0][2][0] != "t":
+    if node["op"] not in ("aten::erf", "aten::erf_") or node["args"][0].kind != "t":
         return None
-    if node["args"][0][2][1][1][3] != torch.float32:
+    if node["args"][0].value.geom.dtype != torch.float32:
         return None
     return lambda a, b=None: _accurate_erf(a)
 
@@ -152,13 +152,13 @@ def _half_bmm_formula(node):
     (inductor calls eager's own kernel)."""
     if node["overload"] not in ("", "out"):
         return None  # bmm.dtype: the result in another dtype
-    a, b = (node["args"][k][2] for k in range(2))
-    if a[0] != "t" or b[0] != "t" or a[1] is None or b[1] is None:
+    a, b = (node["args"][k] for k in range(2))
+    if a.kind != "t" or b.kind != "t" or a.value is None or b.value is None:
         return None
-    dt = a[1][1][3]
+    dt = a.value.geom.dtype
     if dt not in _REDUCED_FLOATS:
         return None
-    (_, m, k), (_, _, n) = a[1][1][0], b[1][1][0]
+    (_, m, k), (_, _, n) = a.value.geom.sizes, b.value.geom.sizes
     if m != 1 and n != 1:
         return None
     if k * m * n >= 400:
@@ -255,20 +255,20 @@ def _fma_formula(node):
     3810534, an argmax over the results). None for other nodes and dtypes."""
     name = node["op"].rstrip("_")
     args = node["args"]
-    names = [n for n, _, _ in args]
+    names = [a.name for a in args]
 
     def float32_tensor(k):
-        kind, value = args[k][2]
-        return kind == "t" and value is not None and value[1][3] == torch.float32
+        kind, value = args[k].kind, args[k].value
+        return kind == "t" and value is not None and value.geom.dtype == torch.float32
 
     def number(k):
-        kind, value = args[k][2]
+        kind, value = args[k].kind, args[k].value
         return kind == "c" and type(value) in (bool, int, float)
 
     if name in ("aten::add", "aten::sub"):
         if len(args) < 3 or names[2] != "alpha" or not (float32_tensor(0) and float32_tensor(1)):
             return None
-        if not number(2) or args[2][2][1] == 1:
+        if not number(2) or args[2].value == 1:
             return None
         return _WholeCall(functools.partial(_eager_add, name == "aten::sub"), ["self", "other", "alpha"])
     if name in ("aten::addcmul", "aten::addcdiv"):
@@ -314,10 +314,11 @@ def _eager_batch_norm(op, names, *vals):
 
 def _batch_norm_formula(node):
     """For a batch norm (not its out= variant): _eager_batch_norm."""
-    names = [n for n, _, _ in node["args"]]
+    names = [a.name for a in node["args"]]
     if node["op"] not in _BATCH_NORMS or "out" in names:
         return None
-    if node["args"][0][2][0] != "t" or node["args"][0][2][1][1][3] not in (torch.float32, torch.float64) + _REDUCED_FLOATS:
+    x = node["args"][0]
+    if x.kind != "t" or x.value.geom.dtype not in (torch.float32, torch.float64) + _REDUCED_FLOATS:
         return None
     op = _op(node["op"], node["overload"])
     return _WholeCall(functools.partial(_eager_batch_norm, op, names), names)
@@ -331,7 +332,7 @@ def _eager_formula(node):
     floor division is not compiled (its formula would round between steps
     where the kernel does not)."""
     name = node["op"]
-    names = [n for n, _, _ in node["args"]]
+    names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
     batch_norm = _batch_norm_formula(node)
@@ -345,13 +346,14 @@ def _eager_formula(node):
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
         formula = _eager_floor_divide
     elif name in ("aten::div", "aten::div_") and "rounding_mode" in names:
-        kind, mode = node["args"][names.index("rounding_mode")][2]
+        rounding_mode = node["args"][names.index("rounding_mode")]
+        kind, mode = rounding_mode.kind, rounding_mode.value
         if kind != "c" or mode != "floor":
             return None
         formula = _eager_floor_divide
     else:
         return None
-    if node["args"][0][2][0] != "t" and node["args"][1][2][0] != "t":
+    if node["args"][0].kind != "t" and node["args"][1].kind != "t":
         return None  # no tensor operand (a number's remainder by a 0-dim one): inductor's code as it is
     dt = _compute_dtype(node)
     if dt is None or not dt.is_floating_point:

@@ -88,9 +88,9 @@ def _permutation(fresh, geom):
 
 
 def _tensor_refs(node):
-    """The tensor arguments of a recorded node: (operand, geometry, tag)
+    """The tensor arguments of a recorded node: Refs (operand, geometry, tag),
     or None for a hole of a Tensor?[] list."""
-    for _, _, (kind, value) in node["args"]:
+    for _, _, kind, value in node["args"]:
         if kind == "t":
             yield value
         elif kind != "c":
@@ -147,11 +147,11 @@ class _Graph:
         varying = {tuple(v) for v in req.get("varying", ())}
         self.alpha_factor = {
             i: k for i, k in varying if nodes[i]["op"] in ("aten::add", "aten::add_", "aten::sub", "aten::sub_")
-            and nodes[i]["args"][k][0] == "alpha" and _compute_dtype(nodes[i]) in (torch.float32, torch.float64)}
+            and nodes[i]["args"][k].name == "alpha" and _compute_dtype(nodes[i]) in (torch.float32, torch.float64)}
         # The numbers eager rounds to a half dtype, rounded here, before
         # tracing (rounding while tracing would record the rounding's ops).
         self.rounded = {(i, k): _rounded(value, dt) for i, dt in _number_rounding(nodes).items()
-                        for k, (_, _, (kind, value)) in enumerate(nodes[i]["args"]) if kind == "c"}
+                        for k, (_, _, kind, value) in enumerate(nodes[i]["args"]) if kind == "c"}
         # Each value's storage size (a written one's: the storage's after the write).
         self.value_nbytes = {value: nbytes for n in nodes for value, _, _, nbytes, _ in n["outputs"]}
 
@@ -276,10 +276,10 @@ class _Replay:
         # other): passed at their size after the call, in new bytes.
         grown = {}
         for arg, element, after in node.get("written", ()):
-            kind, value = node["args"][arg][2]
+            kind, value = node["args"][arg].kind, node["args"][arg].value
             r = value if kind == "t" else value[element]
-            if r is not None and tuple(r[1][:3]) != tuple(after[:3]):
-                grown[r[0]] = after
+            if r is not None and tuple(r.geom[:3]) != tuple(after[:3]):
+                grown[r.operand] = after
         written = {}
         for value, mutated, _, nbytes, _ in node["outputs"]:
             if mutated >= 0:
@@ -290,7 +290,7 @@ class _Replay:
                         raise Unsupported("an out= tensor resized over bytes it had")
                     base = torch.empty(nbytes // base.element_size(), dtype=base.dtype, device=base.device)
                     fresh = None  # new flat bytes: no longer the empty result it was
-                elif fresh is not None and any(r is not None and r[0] == mutated and tuple(r[1][:3]) != fresh
+                elif fresh is not None and any(r is not None and r.operand == mutated and tuple(r.geom[:3]) != fresh
                                                for r in _tensor_refs(node)):
                     # Written through another view than the result
                     # itself: into its bytes, laid out as recorded (a copy).
@@ -304,7 +304,7 @@ class _Replay:
         """The call's (args, kwargs) for node `i`, its tensors by `tensor`."""
         graph = self.graph
         args, kwargs = [], {}
-        for k, (name, kwarg_only, (kind, value)) in enumerate(node["args"]):
+        for k, (name, kwarg_only, kind, value) in enumerate(node["args"]):
             if kind == "c":
                 a = graph.subst.get((i, k), value)
                 if isinstance(a, torch.device) and a.type == "cpu":
