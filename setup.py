@@ -55,7 +55,7 @@ setup(
     name="torch_mgpu",
     version="0.1.0",
     description="Lazy mgpu device for PyTorch: records ops, runs independent branches in parallel",
-    packages=["torch_mgpu"],
+    packages=["torch_mgpu", "torch_mgpu._tiers"],
     py_modules=["torch_mgpu_autoload"],
     package_data={"torch_mgpu": ["*.so"]},
     ext_modules=[CMakeExtension("torch_mgpu._C")],

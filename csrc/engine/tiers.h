@@ -2,7 +2,7 @@
 // Tiered execution. Tier 0 runs a graph node by node (plan, lanes). A graph
 // that syncs again and again, the same structure with the same constants, is
 // "hot": after `compile_hits()` tier-0 runs it is handed to a compiler that
-// works in the background (inductor, from Python: torch_mgpu/_tiers.py),
+// works in the background (inductor, from Python: torch_mgpu/_tiers/),
 // which returns one function for the whole graph (and, for a graph with
 // independent branches, one per part: see below). Later syncs of that graph
 // run the compiled code (tier 1), first as a trial in which the compiled ways

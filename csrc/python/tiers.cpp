@@ -1,4 +1,4 @@
-// Hot graphs as Python data for the compile thread (torch_mgpu/_tiers.py),
+// Hot graphs as Python data for the compile thread (torch_mgpu/_tiers/compile.py),
 // and its compiled functions back to the engine.
 #include "python/tiers.h"
 

@@ -1,5 +1,5 @@
 #pragma once
-// Tiered execution's Python face: the compile thread of torch_mgpu/_tiers.py
+// Tiered execution's Python face: the compile thread of torch_mgpu/_tiers/compile.py
 // takes hot graphs (engine/tiers.h) as Python data and gives back compiled
 // functions.
 #include "ir/partition.h"
