@@ -12,7 +12,7 @@
 namespace torch_mgpu::capture {
 
 // What recording asks of an operator, worked out once per operator
-// (record.cpp); a call looks it up once, in prepare_call, and hands it on.
+// (op_rules.cpp); a call looks it up once, in prepare_call, and hands it on.
 struct OpInfo;
 
 // The call's arguments as recording needs them (typed tensor lists, the

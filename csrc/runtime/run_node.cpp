@@ -159,7 +159,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     // carries the syncing thread's autocast state, which must not apply again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     // The op's warnings were given at its call (by its Meta kernel or the
-    // probe, capture/record.cpp); a lane has no caller to give them to.
+    // probe, capture/probe.cpp); a lane has no caller to give them to.
     c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
     if (n.seed) {
       // One seeded op at a time; the generator's own mutex is not held while
