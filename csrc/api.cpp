@@ -24,43 +24,15 @@ int64_t pending_ops() { return ir::pending_op_count(); }
 std::map<std::string, int64_t> stats() {
   auto& c = runtime::counters();
   const auto host = runtime::host_cache_stats();  // one snapshot, one lock
-  return {
-      {"ops_captured", c.ops_captured.load()},
-      {"ops_executed", c.ops_executed.load()},
-      {"plans_built", c.plans_built.load()},
-      {"plan_cache_hits", c.plan_cache_hits.load()},
-      {"plans_measured_slower", c.plans_measured_slower.load()},
-      {"eager_fallbacks", c.eager_fallbacks.load()},
-      {"host_nodes", c.host_nodes.load()},
-      {"bytes_transferred", c.bytes_transferred.load()},
-      {"syncs", c.syncs.load()},
-      {"meta_cache_hits", c.meta_cache_hits.load()},
-      {"meta_cache_misses", c.meta_cache_misses.load()},
-      {"callers_without_gil", c.callers_without_gil.load()},
-      {"execution_errors", c.execution_errors.load()},
-      {"sync_graph_us", c.sync_graph_us.load()},
-      {"sync_plan_us", c.sync_plan_us.load()},
-      {"sync_execute_us", c.sync_execute_us.load()},
-      {"sync_bind_us", c.sync_bind_us.load()},
-      {"sync_report_us", c.sync_report_us.load()},
-      {"background_flushes", c.background_flushes.load()},
-      {"background_wait_us", c.background_wait_us.load()},
-      {"remote_programs", c.remote_programs.load()},
-      {"remote_structures_sent", c.remote_structures_sent.load()},
-      {"remote_bytes_sent", c.remote_bytes_sent.load()},
-      {"remote_bytes_received", c.remote_bytes_received.load()},
-      {"remote_bytes_between_workers", c.remote_bytes_between_workers.load()},
-      {"tier1_hot_graphs", c.tier1_hot.load()},
-      {"tier1_compiled", c.tier1_compiled.load()},
-      {"tier1_compile_us", c.tier1_compile_us.load()},
-      {"tier1_runs", c.tier1_runs.load()},
-      {"tier1_call_us", c.tier1_call_us.load()},
-      {"tier1_fallbacks", c.tier1_fallbacks.load()},
-      {"tier1_rejected", c.tier1_rejected.load()},
+  std::map<std::string, int64_t> out = {
+#define TORCH_MGPU_COUNTER_ENTRY(name) {#name, c.name.load()},
+      TORCH_MGPU_COUNTERS(TORCH_MGPU_COUNTER_ENTRY)
+#undef TORCH_MGPU_COUNTER_ENTRY
       {"pending_ops", ir::pending_op_count()},
       {"host_cache_bytes", host.cached_bytes},
       {"host_cache_hits", host.hits},
   };
+  return out;
 }
 
 void empty_cache() { runtime::host_cache_empty(); }

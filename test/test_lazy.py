@@ -300,3 +300,14 @@ def test_batch_norm_updates_its_running_statistics_when_its_output_is_dropped():
     ref.eval()
     assert_same(mg(x.to("mgpu")), ref(x))
     assert_same(mg.running_mean, ref.running_mean)
+
+
+def test_every_counter_is_a_key_of_stats():
+    # Counters are declared once (runtime/counters.h, TORCH_MGPU_COUNTERS):
+    # each is a key of stats(), beside the values stats() reads elsewhere.
+    import os
+    import re
+    header = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "runtime", "counters.h")).read()
+    listed = re.findall(r"^\s*X\((\w+)\)", header, re.M)
+    assert len(listed) == len(set(listed)) > 30
+    assert set(torch_mgpu.stats()) == set(listed) | {"pending_ops", "host_cache_bytes", "host_cache_hits"}

@@ -1267,7 +1267,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   }
   again.state = State::Queued;
   again.request = req;
-  runtime::counters().tier1_hot++;
+  runtime::counters().tier1_hot_graphs++;
   t.queue.push_back(std::move(req));
   t.cv.notify_all();
 }
