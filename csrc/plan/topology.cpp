@@ -9,6 +9,27 @@
 
 namespace torch_mgpu::plan {
 
+const std::vector<CostFigure>& cost_figures() {
+  static const std::vector<CostFigure> figures = {
+      {"gemm_flops_per_s", &CostModel::gemm_flops_per_s},
+      {"small_gemm_flops_per_s", &CostModel::small_gemm_flops_per_s},
+      {"elem_per_s", &CostModel::elem_per_s},
+      {"transcendental_per_s", &CostModel::transcendental_per_s},
+      {"bytes_per_s", &CostModel::bytes_per_s},
+      {"op_overhead_s", &CostModel::op_overhead_s},
+      {"lane_sync_s", &CostModel::lane_sync_s},
+      {"launch_s", &CostModel::launch_s},
+      {"transfer_bytes_per_s", &CostModel::transfer_bytes_per_s},
+      {"network_latency_s", &CostModel::network_latency_s},
+      {"network_bytes_per_s", &CostModel::network_bytes_per_s},
+      {"remote_call_s", &CostModel::remote_call_s},
+      {"parallel_min_flops", &CostModel::parallel_min_flops},
+      {"parallel_efficiency", &CostModel::parallel_efficiency},
+      {"partition_call_s", &CostModel::partition_call_s},
+  };
+  return figures;
+}
+
 int Topology::threads_per_lane(int lanes_in_use) const {
   if (cuda) return 1;
   return std::max(1, cores / std::max(1, lanes_in_use));

@@ -77,6 +77,14 @@ struct CostModel {
   std::string profile;          // the device profile it came from ("h100"); empty if none
 };
 
+// The figures of the model that Python reads and tests pin
+// (torch_mgpu._C._cost_model, _pin_cost_model), by name: one list.
+struct CostFigure {
+  const char* name;
+  double CostModel::*field;
+};
+const std::vector<CostFigure>& cost_figures();
+
 // A GPU's published figures: what the model needs to plan for it without
 // one. Rates are the dense FP32 ones (PyTorch's default for float32 matrix
 // products, no TF32) and sustained bandwidths, not marketing peaks.

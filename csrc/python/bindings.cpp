@@ -292,21 +292,7 @@ PYBIND11_MODULE(_C, m) {
       cm = torch_mgpu::engine::cost_model();
     }
     py::dict d;
-    d["gemm_flops_per_s"] = cm.gemm_flops_per_s;
-    d["small_gemm_flops_per_s"] = cm.small_gemm_flops_per_s;
-    d["elem_per_s"] = cm.elem_per_s;
-    d["transcendental_per_s"] = cm.transcendental_per_s;
-    d["bytes_per_s"] = cm.bytes_per_s;
-    d["op_overhead_s"] = cm.op_overhead_s;
-    d["lane_sync_s"] = cm.lane_sync_s;
-    d["launch_s"] = cm.launch_s;
-    d["transfer_bytes_per_s"] = cm.transfer_bytes_per_s;
-    d["network_latency_s"] = cm.network_latency_s;
-    d["network_bytes_per_s"] = cm.network_bytes_per_s;
-    d["remote_call_s"] = cm.remote_call_s;
-    d["parallel_min_flops"] = cm.parallel_min_flops;
-    d["parallel_efficiency"] = cm.parallel_efficiency;
-    d["partition_call_s"] = cm.partition_call_s;
+    for (const auto& f : torch_mgpu::plan::cost_figures()) d[f.name] = cm.*f.field;
     d["calibrated"] = cm.calibrated;
     return d;
   });
@@ -317,21 +303,13 @@ PYBIND11_MODULE(_C, m) {
     if (!figures.is_none()) {
       torch_mgpu::plan::CostModel model;
       model.calibrated = true;
-      std::map<std::string, double*> fields{
-          {"gemm_flops_per_s", &model.gemm_flops_per_s}, {"small_gemm_flops_per_s", &model.small_gemm_flops_per_s},
-          {"elem_per_s", &model.elem_per_s}, {"transcendental_per_s", &model.transcendental_per_s},
-          {"bytes_per_s", &model.bytes_per_s}, {"op_overhead_s", &model.op_overhead_s},
-          {"lane_sync_s", &model.lane_sync_s}, {"launch_s", &model.launch_s},
-          {"transfer_bytes_per_s", &model.transfer_bytes_per_s}, {"network_latency_s", &model.network_latency_s},
-          {"network_bytes_per_s", &model.network_bytes_per_s}, {"remote_call_s", &model.remote_call_s},
-          {"parallel_min_flops", &model.parallel_min_flops}, {"parallel_efficiency", &model.parallel_efficiency},
-          {"partition_call_s", &model.partition_call_s}};
       for (auto item : figures.cast<py::dict>()) {
         const auto key = item.first.cast<std::string>();
         if (key == "calibrated") continue;
-        auto f = fields.find(key);
-        TORCH_CHECK(f != fields.end(), "torch_mgpu._pin_cost_model: unknown figure '", key, "'");
-        *f->second = item.second.cast<double>();
+        const auto& known = torch_mgpu::plan::cost_figures();
+        auto f = std::find_if(known.begin(), known.end(), [&](const auto& c) { return key == c.name; });
+        TORCH_CHECK(f != known.end(), "torch_mgpu._pin_cost_model: unknown figure '", key, "'");
+        model.*(f->field) = item.second.cast<double>();
       }
       cm = model;
     }
