@@ -150,6 +150,8 @@ def test_embeddings_with_sparse_gradients_are_refused_at_the_call(module):
 
 
 LSTM_GRADGRAD = """
+import faulthandler, signal
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if a SIGINT goes unanswered
 import torch, torch_mgpu, sys
 from torch.testing._internal.common_modules import module_db
 from torch.testing._internal.common_utils import gradgradcheck
@@ -193,7 +195,14 @@ def test_lstm_double_backward_finishes_and_is_interruptible():
             assert proc.stdout.readline().strip() == "start"
             time.sleep(wait)
             proc.send_signal(signal.SIGINT)
-            stdout, stderr = proc.communicate(timeout=120)
+            try:
+                stdout, stderr = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)  # every thread's Python stack to stderr
+                time.sleep(2)
+                proc.kill()
+                stdout, stderr = proc.communicate()
+                stdout = "no exit 120 s after SIGINT " + stdout
         finally:
             proc.kill()
-        assert stdout.split() == ["interrupted"], stderr[-2000:]
+        assert stdout.split() == ["interrupted"], (wait, stdout, stderr[-6000:])
