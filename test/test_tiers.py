@@ -1418,3 +1418,34 @@ def test_batch_norm_in_compiled_code_is_eagers_scale_and_shift(tiered, no_trial,
     assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
     want = f(x, w, b, rm.clone(), rv.clone())[0]
     assert want[:, 1:3].isnan().any()  # the case the test is about
+
+
+def test_batch_norm_statistics_in_compiled_code_are_eagers(tiered, no_trial):
+    # Eager's CPU kernel takes the mean as a sum over the count: an infinite
+    # element makes the mean and the running mean infinite. The
+    # decomposition's one-pass statistics gave NaN (difffuzz seed 3924393).
+    def f(x, w, b, rm, rv):
+        out, = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1),
+        return out * 1.0, rm + 0, rv + 0
+
+    g = torch.Generator().manual_seed(7)
+    x = 2 / torch.tensor([[[[-1.25, -0.37, 0.0, -1.8]]]])  # one channel, an infinite element
+    w, b = torch.randn(1, generator=g), torch.randn(1, generator=g)
+    rm, rv = torch.randn(1, generator=g), torch.rand(1, generator=g) + 0.5
+    tiers = run_hot(lambda *t: f(t[0], t[1], t[2], t[3].clone(), t[4].clone()), [x, w, b, rm, rv])
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+    want = f(x, w, b, rm.clone(), rv.clone())[1]
+    assert torch.isinf(want[0])  # the case the test is about
+
+
+def test_min_over_a_dim_of_a_bool_tensor_in_compiled_code(tiered, no_trial):
+    # Inductor's code for min.dim of a bool tensor gave the index of the
+    # first True (difffuzz seed 3924806: [True, False].min(0) gave index 0).
+    def f(x, y):
+        v, i = x.min(0)
+        w, j = x.max(-1)
+        return v, i, w, j, y * 2
+
+    x = torch.tensor([True, False, True, False])
+    tiers = run_hot(f, [x, torch.randn(3)], exact=True)
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()

@@ -290,24 +290,41 @@ _BATCH_NORMS = frozenset(("aten::native_batch_norm", "aten::_native_batch_norm_l
 
 
 def _eager_batch_norm(op, names, *vals):
-    """A batch norm's result as eager's CPU kernel computes it: per channel
-    alpha = invstd * weight and beta = bias - mean * alpha, then x * alpha
-    + beta. The decomposition computes (x - mean) * invstd * weight + bias,
-    which is +-inf where eager's is NaN for an infinite weight (inf - inf:
-    difffuzz seed 3914835). The statistics and the running statistics'
-    updates are the decomposition's (its own result is unused)."""
-    out, save_mean, save_invstd = op(*vals)
+    """A batch norm as eager's CPU kernel computes it. Training: the mean as
+    a sum over the count, the variance's sum of squares about it, invstd =
+    1 / sqrt(var + eps), the running statistics momentum * stat + (1 -
+    momentum) * running (the variance unbiased); the decomposition's
+    one-pass (Welford) statistics are NaN where eager's mean is infinite
+    (difffuzz seed 3924393: 2 / 0 in the batch). Then per channel alpha =
+    invstd * weight and beta = bias - mean * alpha, and x * alpha + beta:
+    the decomposition's (x - mean) * invstd * weight + bias is +-inf where
+    eager's is NaN for an infinite weight (inf - inf: seed 3914835). In eval
+    mode the op's own saved (empty) statistics."""
     a = dict(zip(names, vals))
     x, weight, bias = a["input"], a["weight"], a["bias"]
     opmath = torch.float32 if x.dtype in _REDUCED_FLOATS else x.dtype
+    shape = [1, -1] + [1] * (x.dim() - 2)
     if a.get("training", False):
-        mean, invstd = save_mean.to(opmath), save_invstd.to(opmath)
+        dims = [0] + list(range(2, x.dim()))
+        n = x.numel() // x.size(1)
+        xf = x.to(opmath)
+        mean = xf.sum(dims) / n
+        var_sum = ((xf - mean.view(shape)) ** 2).sum(dims)
+        invstd = 1 / torch.sqrt(var_sum / n + a["eps"])
+        m = a["momentum"]
+        running_mean, running_var = a.get("running_mean"), a.get("running_var")
+        if running_mean is not None:
+            running_mean.copy_(m * mean + (1 - m) * running_mean.to(opmath))
+        if running_var is not None:
+            running_var.copy_(m * (var_sum / (n - 1)) + (1 - m) * running_var.to(opmath))
+        saved = weight.dtype if weight is not None else running_mean.dtype if running_mean is not None else x.dtype
+        save_mean, save_invstd = mean.to(saved), invstd.to(saved)
     else:
+        _, save_mean, save_invstd = op(*vals)
         mean = a["running_mean"].to(opmath)
         invstd = 1 / torch.sqrt(a["running_var"].to(opmath) + a["eps"])
     alpha = invstd * weight.to(opmath) if weight is not None else invstd
     beta = (bias.to(opmath) if bias is not None else 0) - mean * alpha
-    shape = [1, -1] + [1] * (x.dim() - 2)
     result = (x.to(opmath) * alpha.view(shape) + beta.view(shape)).to(x.dtype)
     return result, save_mean, save_invstd
 
@@ -324,6 +341,27 @@ def _batch_norm_formula(node):
     return _WholeCall(functools.partial(_eager_batch_norm, op, names), names)
 
 
+def _bool_min_dim(op, names, *vals):
+    """min.dim of a bool tensor over uint8 values: inductor's code gives the
+    index of the first True where eager gives the first False (difffuzz
+    seed 3924806: [True, False].min(0) gave index 0)."""
+    a = dict(zip(names, vals))
+    rest = [a[n] for n in names[1:]]
+    values, indices = op(a["self"].to(torch.uint8), *rest)
+    return values.bool(), indices
+
+
+def _bool_min_formula(node):
+    """For min.dim (not its out= variant) of a bool tensor: _bool_min_dim."""
+    names = [a.name for a in node["args"]]
+    if node["op"] != "aten::min" or node["overload"] != "dim" or "out" in names:
+        return None
+    x = node["args"][0]
+    if x.kind != "t" or x.value.geom.dtype != torch.bool:
+        return None
+    return _WholeCall(functools.partial(_bool_min_dim, _op(node["op"], node["overload"]), names), names)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -338,6 +376,9 @@ def _eager_formula(node):
     batch_norm = _batch_norm_formula(node)
     if batch_norm is not None:
         return batch_norm
+    bool_min = _bool_min_formula(node)
+    if bool_min is not None:
+        return bool_min
     fma = _fma_formula(node)
     if fma is not None:
         return fma
