@@ -4,6 +4,7 @@
 #include "capture/record_steps.h"
 #include "ir/call_state.h"
 #include "ir/env.h"
+#include "ir/errors.h"
 #include "ir/view.h"
 
 #include <ATen/EmptyTensor.h>
@@ -350,13 +351,7 @@ bool only_out_tensors(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IVal
   return true;
 }
 
-// An error's message without its backtrace: c10::Error, or a plain
-// std::runtime_error ("value cannot be converted to type c10::Half without
-// overflow" comes as one).
-std::string message_of(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  return c10_error ? c10_error->what_without_backtrace() : e.what();
-}
+using ir::message_of;
 
 } // namespace
 

@@ -1,4 +1,5 @@
 #include "runtime/executor.h"
+#include "ir/errors.h"
 #include "ir/held_bytes.h"
 
 #include <ATen/ops/linalg_cholesky_ex.h>
@@ -40,10 +41,7 @@ namespace torch_mgpu::runtime {
 namespace {
 
 // An error's message without the C++ backtrace (kept with values it lost).
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
-  return e.what();
-}
+using ir::message_of;
 
 // Whether this thread's work is being recorded by torch.profiler (its
 // per-thread profiler; the process-wide on-demand one takes no spans with

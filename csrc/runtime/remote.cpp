@@ -1,5 +1,6 @@
 #include "runtime/remote.h"
 #include "ir/env.h"
+#include "ir/errors.h"
 #include "ir/call_state.h"
 #include "runtime/counters.h"
 #include "runtime/place.h"
@@ -185,11 +186,6 @@ std::string receive_message(c10d::Backend& b, int peer, int tag, Msg& kind, std:
   return std::string(frame + at, body_len);
 }
 
-std::string error_text(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 ErrorClass class_of(const std::exception& e) {
   if (dynamic_cast<const c10::IndexError*>(&e)) return ErrorClass::Index;
   if (dynamic_cast<const c10::ValueError*>(&e)) return ErrorClass::Value;
@@ -250,7 +246,7 @@ void Remote::check_alive() const {
 void Remote::lose(const std::string& what, const std::exception& e) {
   {
     std::lock_guard<std::mutex> lock(reason_m_);
-    if (reason_.empty()) reason_ = what + " failed: " + error_text(e);
+    if (reason_.empty()) reason_ = what + " failed: " + ir::message_of(e);
   }
   lost_ = true;
   TORCH_CHECK(false, "torch_mgpu: rank ", rank_, " stopped answering (", lost_reason(), ")");
@@ -577,7 +573,7 @@ struct Worker {
   }
   static void write_error(Writer& w, const std::exception& e) {
     w.put(class_of(e));
-    w.put_string(error_text(e));
+    w.put_string(ir::message_of(e));
   }
   // Bytes on the host, to send (a copy of device memory, made now).
   static c10::Storage host(const c10::Storage& s) {
@@ -1005,7 +1001,7 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
     try {
       body = receive_message(*wk.backend, 0, kToWorker, kind, &blobs, forever());
     } catch (const std::exception& e) {
-      if (why) *why = "the controller (rank 0) went away: " + error_text(e);
+      if (why) *why = "the controller (rank 0) went away: " + ir::message_of(e);
       return false;
     }
     try {
@@ -1051,7 +1047,7 @@ bool serve(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string* why) {
         default: TORCH_CHECK(false, "torch_mgpu: unknown request kind ", static_cast<uint32_t>(kind));
       }
     } catch (const std::exception& e) {
-      if (why) *why = "serving rank 0 failed: " + error_text(e);
+      if (why) *why = "serving rank 0 failed: " + ir::message_of(e);
       return false;
     }
   }
