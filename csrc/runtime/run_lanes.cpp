@@ -1,0 +1,315 @@
+// Lanes of this process in one execution (run.h): a lane's nodes in plan
+// order, each run where its place says (a host thread, a stream), fused
+// groups as one pass, failures kept to the node that raised.
+#include "runtime/run.h"
+
+namespace torch_mgpu::runtime::detail {
+
+void Run::run_one(int lane, int i) {
+  const ir::Node& node = *g.nodes[i];
+  const Place& place = places[lane];
+  std::unique_lock<std::mutex> lock(m);
+  if (parallel) {
+    cv.wait(lock, [&] {
+      for (int d : g.deps[i])
+        if (res.status[d] == Status::NotRun) return false;
+      return true;
+    });
+  }
+  std::vector<c10::Storage> operands;
+  operands.reserve(node.operands.size());
+  for (size_t k = 0; k < node.operands.size(); ++k) {
+    if (skip_if_missing(i, k)) return;
+    const ir::Value& v = node.operands[k];
+    const int d = producer[operand_at[i] + k];
+    try {
+      operands.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
+    } catch (const std::exception& e) {
+      observers().node_failed();
+      fail(i, Status::Failed, std::current_exception(), message_of(e));
+      cv.notify_all();
+      return;
+    }
+  }
+  lock.unlock();
+  // A materialized value's copy on another device is shared by every
+  // later read there: a node never writes it in place (a kernel failing
+  // part-way would leave the copies disagreeing).
+  const std::vector<bool>* reuse = &p.reuse[i];
+  std::vector<bool> no_replica_reuse;
+  for (const auto& o : node.outputs) {
+    const int k = o.mutated_operand;
+    if (k < 0 || !(*reuse)[k] || producer[operand_at[i] + k] >= 0) continue;
+    const ir::Node& leaf_node = *node.operands[k].node;
+    if (leaf_node.kind != ir::NodeKind::Data || operands[k].unsafeGetStorageImpl() == leaf_node.data.unsafeGetStorageImpl())
+      continue;
+    if (no_replica_reuse.empty()) no_replica_reuse = *reuse;
+    no_replica_reuse[k] = false;
+    reuse = &no_replica_reuse;
+  }
+  std::optional<ScopedParallelism> narrow;
+  if (node.call_threads > 0 && place.device.is_cpu()) {
+    // Its kernel rounds by its thread count: the caller's, as in eager.
+    if (node.call_threads != thread_parallelism()) narrow.emplace(node.call_threads);
+  } else if (!p.one_thread.empty() && p.one_thread[i]) {
+    narrow.emplace(1);
+  }
+  NodeTiming timing;
+  timing.lane = lane;
+  timing.threads = thread_parallelism();
+  timing.start = now();
+  std::vector<c10::Storage> out;
+  std::exception_ptr error;
+  std::string message;
+  try {
+    // Every failure of the node's own work, on the host or on its stream,
+    // is the node's error: waits for other lanes, the allocator's record
+    // of its operands, the kernel, the event after it.
+    if (place.streams) {
+      for (int d : g.deps[i])
+        if (events[d] && p.lane_of[d] != lane) {
+          observers().before_event_wait();
+          if (!observers().drops_event_wait()) events[d]->block(place.stream);
+        }
+      for (const auto& s : operands)
+        if (!observers().drops_record_use()) record_use(s, place.stream);
+    }
+    observers().before_node(node);
+    out = run_node(node, std::move(operands), *reuse, place);
+    if (events[i]) events[i]->record(place.stream);
+    if (place.streams) {
+      ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+      ends[i]->record(place.stream);
+    }
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    message = message_of(e);
+  }
+  timing.end = now();
+  lock.lock();
+  res.timing[i] = timing;
+  if (error) {
+    observers().node_failed();
+    fail(i, Status::Failed, error, message);
+  } else {
+    for (const auto& o : out) ir::hold(o);
+    res.values[i] = std::move(out);
+    res.status[i] = Status::Ok;
+    release_operands(i);
+  }
+  lock.unlock();
+  if (parallel) cv.notify_all();
+}
+
+void Run::release_operands(int i) {
+  const ir::Node& node = *g.nodes[i];
+  for (size_t k = 0; k < node.operands.size(); ++k) {
+    const ir::Value& v = node.operands[k];
+    const int d = producer[operand_at[i] + k];
+    if (d < 0) continue;
+    // (A worker's value another worker read straight from it may not be
+    // reported here yet: its stand-in is released with the run's.)
+    if (--readers[output_at[d] + v.index] == 0 && !is_root[output_at[d] + v.index] &&
+        static_cast<size_t>(v.index) < res.values[d].size()) {
+      ir::release(res.values[d][v.index]);
+      res.values[d][v.index] = c10::Storage();
+      if (!copies.empty())
+        for (int dev = 0; dev < static_cast<int>(p.lanes.size()); ++dev) {
+          auto c = copies.find(std::make_tuple(d, v.index, dev));
+          if (c == copies.end()) continue;
+          ir::release(c->second.bytes);
+          copies.erase(c);
+        }
+    }
+  }
+}
+
+void Run::run_group(int lane, const plan::FusedGroup& grp) {
+  const Place& place = places[lane];
+  const int id = p.fusion.group_of[grp.steps[0].node];
+  auto outside = [&](int d) { return p.fusion.group_of[d] != id; };
+  auto one_by_one = [&] {
+    for (const auto& s : grp.steps) run_one(lane, s.node);
+  };
+  std::unique_lock<std::mutex> lock(m);
+  if (parallel) {
+    cv.wait(lock, [&] {
+      for (const auto& s : grp.steps)
+        for (int d : g.deps[s.node])
+          if (outside(d) && res.status[d] == Status::NotRun) return false;
+      return true;
+    });
+  }
+  const size_t elem = c10::elementSize(grp.dtype);
+  std::vector<c10::Storage> held;  // keeps the external bytes alive
+  std::vector<const void*> external;
+  held.reserve(grp.externals.size());
+  external.reserve(grp.externals.size());
+  for (const auto& e : grp.externals) {
+    const ir::Node& node = *g.nodes[e.node];
+    const auto& ref = *node.args[e.arg].tensors[0];
+    const ir::Value& v = node.operands[ref.operand];
+    const int d = producer[operand_at[e.node] + ref.operand];
+    bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
+    c10::Storage bytes;
+    if (!missing) {
+      try {
+        bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
+      } catch (const std::exception& ex) {
+        // Its transfer failed: the group fails with that error.
+        observers().node_failed();
+        for (const auto& step : grp.steps) fail(step.node, Status::Failed, std::current_exception(), message_of(ex));
+        lock.unlock();
+        cv.notify_all();
+        return;
+      }
+    }
+    if (missing) {
+      lock.unlock();
+      held.clear();
+      one_by_one();
+      return;
+    }
+    external.push_back(static_cast<const char*>(bytes.data()) + ref.geom.offset * elem);
+    held.push_back(std::move(bytes));
+  }
+  lock.unlock();
+  const double start = now();
+  std::vector<c10::Storage> outputs(grp.steps.size());
+  std::vector<void*> out(grp.steps.size(), nullptr);
+  std::exception_ptr error;
+  std::string message;
+  try {
+    RECORD_FUNCTION("mgpu::fused_pointwise", std::vector<c10::IValue>());
+    for (const auto& step : grp.steps) observers().before_node(*g.nodes[step.node]);
+    for (size_t k = 0; k < grp.steps.size(); ++k) {
+      if (!grp.steps[k].materialize) continue;
+      outputs[k] = allocate(g.nodes[grp.steps[k].node]->outputs[0].nbytes, place.device);
+      out[k] = outputs[k].mutable_data();
+    }
+    run_pointwise(g, grp, external, out);
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    message = message_of(e);
+  }
+  held.clear();
+  const double end = now();
+  const double each = (end - start) / static_cast<double>(grp.steps.size());
+  lock.lock();
+  for (size_t k = 0; k < grp.steps.size(); ++k) {
+    const int i = grp.steps[k].node;
+    // Per-node times: the group's time shared out evenly.
+    res.timing[i] = NodeTiming{lane, start + each * static_cast<double>(k), start + each * static_cast<double>(k + 1),
+                               thread_parallelism()};
+    if (error) {
+      fail(i, Status::Failed, error, message);
+      continue;
+    }
+    ir::hold(outputs[k]);
+    res.values[i] = {std::move(outputs[k])};
+    res.status[i] = Status::Ok;
+  }
+  if (error) {
+    observers().node_failed();
+  } else {
+    for (const auto& s : grp.steps) release_operands(s.node);
+    observers().nodes_ran(static_cast<int64_t>(grp.steps.size()));
+  }
+  lock.unlock();
+  if (parallel) cv.notify_all();
+}
+
+void Run::fail_unexpected(int i, std::exception_ptr e) {
+  std::string msg = "an error in the executor";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    msg = message_of(ex);
+  } catch (...) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (res.status[i] != Status::NotRun) return;
+    observers().node_failed();
+    fail(i, Status::Failed, e, msg);
+  }
+  cv.notify_all();
+}
+
+void Run::device_times(int l, const c10::Event& start, double start_s) {
+  std::vector<std::pair<int, double>> end_of;
+  try {
+    for (int i : p.lane_order[l])
+      if (ends[i]) end_of.emplace_back(i, start_s + start.elapsedTime(*ends[i]) / 1000.0);
+  } catch (const std::exception&) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(m);
+  double previous = start_s;
+  for (const auto& [i, end] : end_of) {
+    NodeTiming& t = res.timing[i];
+    t.start = std::max(t.start, previous);
+    t.end = std::max(end, t.start);
+    previous = t.end;
+  }
+}
+
+void Run::run_lane(int l) noexcept {
+  try {
+    run_lane_nodes(l);
+  } catch (...) {
+    // Setting the lane up failed (its stream guard on a device in error):
+    // its nodes fail.
+    for (int i : p.lane_order[l]) fail_unexpected(i, std::current_exception());
+  }
+}
+
+void Run::run_lane_nodes(int l) {
+  const Place& place = places[l];
+  HostCacheScope host_memory;  // kernels' large outputs reuse freed blocks
+  std::optional<c10::StreamGuard> guard;
+  if (place.streams) guard.emplace(place.stream);
+  const auto& order = p.lane_order[l];
+  // Stream lanes: the device's clock for this lane's nodes starts here.
+  std::optional<c10::Event> lane_start;
+  double lane_start_s = 0;
+  if (place.streams && !order.empty()) {
+    lane_start.emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+    lane_start->record(place.stream);
+    lane_start_s = now();
+  }
+  const auto& f = p.fusion;
+  const bool fuse = !f.group_at.empty() && !place.streams && !place.remote;  // host kernels over host memory
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int grp = fuse ? f.group_at[order[k]] : -1;
+    const size_t steps = grp < 0 ? 1 : f.groups[grp].steps.size();  // a group's steps are the lane's next nodes
+    try {
+      if (grp < 0) run_one(l, order[k]);
+      else run_group(l, f.groups[grp]);
+    } catch (...) {
+      for (size_t s = 0; s < steps; ++s) fail_unexpected(order[k + s], std::current_exception());
+    }
+    k += steps - 1;
+  }
+  if (!place.streams || order.empty()) return;
+  try {
+    observers().before_stream_sync();
+    place.stream.synchronize();
+    observers().lane_done();
+    device_times(l, *lane_start, lane_start_s);
+  } catch (const std::exception& e) {
+    // The device reported an error for work queued on this stream; which
+    // kernel failed it cannot say. The run raises it at the sync; values
+    // keep whatever the device left (a device in this state fails every
+    // later call anyway).
+    std::lock_guard<std::mutex> lock(m);
+    observers().node_failed();
+    if (!res.first_error) {
+      res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
+          " failed: " + message_of(e);
+      res.first_error = error_with(res.first_message);
+    }
+  }
+}
+
+} // namespace torch_mgpu::runtime::detail
