@@ -1449,3 +1449,26 @@ def test_min_over_a_dim_of_a_bool_tensor_in_compiled_code(tiered, no_trial):
     x = torch.tensor([True, False, True, False])
     tiers = run_hot(f, [x, torch.randn(3)], exact=True)
     assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_zero_nll_loss_in_compiled_code_has_eagers_sign(tiered, no_trial, reduction):
+    # Eager's CPU kernel accumulates a reduced loss as 0 - x * w: +0.0 where
+    # the decomposition's -(x * w) is -0.0, and a mean divides that by the
+    # total weight. cross_entropy over one class is such a zero (difffuzz
+    # seed 3927966: a `//` by it gave -inf where eager gives +inf).
+    def f(x, x1, w, t, t1):
+        losses = (torch.nn.functional.cross_entropy(x, t, reduction=reduction),
+                  torch.nn.functional.nll_loss(x, t, weight=w, reduction=reduction),
+                  torch.nn.functional.nll_loss(x1, t1, reduction=reduction),
+                  torch.nn.functional.nll_loss(x1, t1, weight=w, reduction=reduction))
+        return tuple(1 / loss for loss in losses)  # the zero's sign as +-inf
+
+    x = torch.randn(3, 1) * 0  # one class: log_softmax gives 0
+    x1 = torch.zeros(1)
+    w = torch.tensor([-2.5])
+    t = torch.zeros(3, dtype=torch.long)
+    t1 = torch.tensor(0)
+    tiers = run_hot(f, [x, x1, w, t, t1])
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+    assert torch.isinf(f(x, x1, w, t, t1)[0]).all()  # the case the test is about

@@ -362,6 +362,41 @@ def _bool_min_formula(node):
     return _WholeCall(functools.partial(_bool_min_dim, _op(node["op"], node["overload"]), names), names)
 
 
+_NLL_LOSSES = frozenset(("aten::nll_loss_forward", "aten::nll_loss2d_forward"))
+
+
+def _eager_nll_loss(op, names, *vals):
+    """An nll loss whose result is zero, signed as eager's CPU kernel signs
+    it: a reduced loss (and a 1-d input's) is accumulated as 0 - x * w,
+    which is +0.0 where the decomposition's -(x * w) is -0.0; a mean then
+    divides by the total weight (-0.0 for a negative one). One class of
+    cross_entropy is such a zero (difffuzz seed 3927966: a later `//` by it
+    gave -inf where eager gives +inf)."""
+    a = dict(zip(names, vals))
+    output, total_weight = op(*vals)
+    reduction = a["reduction"]
+    if reduction == 0 and a["self"].dim() != 1:
+        return output, total_weight  # per element -x * w, as the kernel writes it
+    zero = torch.zeros_like(output)
+    if reduction == 1:  # mean
+        zero = zero / total_weight.to(output.dtype)
+    return torch.where(output == 0, zero, output), total_weight
+
+
+def _nll_loss_formula(node):
+    """For an nll loss (not its out= variant): _eager_nll_loss."""
+    names = [a.name for a in node["args"]]
+    if node["op"] not in _NLL_LOSSES or "output" in names or "out" in names:
+        return None
+    x = node["args"][0]
+    if x.kind != "t" or not x.value.geom.dtype.is_floating_point:
+        return None
+    reduction = node["args"][names.index("reduction")]
+    if reduction.kind != "c":
+        return None
+    return _WholeCall(functools.partial(_eager_nll_loss, _op(node["op"], node["overload"]), names), names)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -379,6 +414,9 @@ def _eager_formula(node):
     bool_min = _bool_min_formula(node)
     if bool_min is not None:
         return bool_min
+    nll_loss = _nll_loss_formula(node)
+    if nll_loss is not None:
+        return nll_loss
     fma = _fma_formula(node)
     if fma is not None:
         return fma
