@@ -139,16 +139,13 @@ CompileRequest request_of(const ir::Graph& g, const Numbering& nb, const std::ve
 std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, const Lanes& l,
                                             std::vector<std::pair<int, int>> varying);
 
-// A leaf's bytes on `device` (a copy there is complete on return: every
-// lane's stream may read it).
-c10::Storage leaf_bytes(const ir::Value& v, c10::Device device);
-
-// Runs `c` on `g`'s leaves; the roots' bytes in an ExecResult as tier 0
-// would leave them. Throws when the compiled code does (nothing written:
-// compiled code writes no input). A split graph runs its parts on the
-// lanes, each lane its parts in order, each part once the parts it reads
-// from are done; `threads`: the intra-op threads of each lane.
-runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const std::vector<runtime::Place>& places,
-                         int threads);
+// Runs `c` on `g`'s leaves through runtime::execute, each compiled part a
+// runtime::Part on its lane (tier_run.cpp); the roots' bytes in an
+// ExecResult as tier 0 would leave them. Throws when the compiled code does
+// (nothing written: compiled code writes no input). A split graph runs its
+// parts on the lanes, each lane its parts in order, each part once the
+// parts it reads from are done; `threads`: the intra-op threads of each
+// lane.
+runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const Lanes& l, int threads);
 
 } // namespace torch_mgpu::engine::tier1

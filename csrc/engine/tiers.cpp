@@ -357,9 +357,9 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
       const int threads = std::clamp(caller_threads, 1, l.topo.cores);
       std::optional<runtime::ScopedParallelism> same;
       if (threads != runtime::thread_parallelism()) same.emplace(threads);
-      r = call(g, *compiled, l.places, threads);
+      r = call(g, *compiled, l, threads);
     } else {
-      r = call(g, *compiled, l.places, l.topo.threads_per_lane(compiled->lanes));
+      r = call(g, *compiled, l, l.topo.threads_per_lane(compiled->lanes));
     }
     run.compiled = std::move(compiled);
     runtime::counters().tier1_runs++;

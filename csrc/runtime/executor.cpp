@@ -277,7 +277,7 @@ bool may_load_cuda_linalg(std::string_view name) {
   return false;
 }
 
-ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
+ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places, const Parts* parts) {
   ExecResult res;
   const size_t n = g.size();
   res.values.resize(n);
@@ -287,11 +287,15 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
   try {
     load_cuda_linalg_before(g, places);
     Run run(g, p, places, res);
+    run.parts = parts;
     res.started = run.t0;
     std::vector<int> busy;
     for (size_t l = 0; l < p.lane_order.size(); ++l) {
       if (p.lane_order[l].empty()) continue;
       if (places[l].remote) {
+        if (parts)
+          for (int i : p.lane_order[l])
+            TORCH_CHECK(parts->part_of[i] < 0, "mgpu: a part runs as one call on a lane of this process only");
         auto rl = std::make_unique<Run::RemoteLane>();
         rl->lane = static_cast<int>(l);
         rl->rem = places[l].remote;

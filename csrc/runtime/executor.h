@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -56,8 +57,39 @@ struct ExecResult {
   void drop_values();
 };
 
-// Runs plan `p` with `places[l]` the place of lane l (see place.h).
-ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places);
+// Nodes that run as one call on their lane in place of a call each (a
+// compiled part of a hot graph, engine/tier_run.cpp). The executor treats
+// a part as it treats a node: it waits for what the part reads (the host
+// order; on a stream lane, the events of the other lanes' producers), hands
+// the call the bytes of the values it reads from outside it, records their
+// use on the lane's stream, reports the accesses to the observers, and
+// records the events and end times of the part's nodes after it. A part
+// that raises fails each of its nodes; one whose input is missing is
+// skipped. Of the part's outputs only those in `makes` get bytes.
+struct Part {
+  std::vector<int> nodes;  // consecutive in their lane's order
+  // The values it reads from outside, in the call's order, each with the
+  // graph node that makes it (-1: a leaf).
+  std::vector<std::pair<ir::Value, int>> reads;
+  std::vector<std::pair<int, int>> makes;  // (node, output) the call returns, in order
+  std::string name;                        // in the sanitizer's reports
+  // The bytes of `makes`, from the bytes of `reads`, run where `place`
+  // says (its stream current); also the blocks the work wrote.
+  std::function<std::vector<c10::Storage>(const std::vector<c10::Storage>& reads, const Place& place,
+                                          std::vector<const void*>& written)>
+      call;
+};
+
+struct Parts {
+  std::vector<Part> parts;
+  std::vector<int> part_at;  // per node: the part it starts, -1 otherwise
+  std::vector<int> part_of;  // per node: its part, -1 when it runs alone
+};
+
+// Runs plan `p` with `places[l]` the place of lane l (see place.h), and
+// `parts` (if any) each as one call.
+ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places,
+                   const Parts* parts = nullptr);
 
 // Whether a node of this name may reach a factorization whose CUDA kernels
 // PyTorch loads on first use (execute() loads them once beforehand on CUDA

@@ -135,6 +135,7 @@ struct Run {
   const plan::Plan& p;
   const std::vector<Place>& places;
   ExecResult& res;
+  const Parts* parts = nullptr;  // nodes that run as one call (executor.h)
   // Flat per-node arrays (one allocation each, not one per node):
   // producer[operand_at[i] + k]: the node making operand k of node i, -1
   // outside the graph; readers / is_root[output_at[i] + j]: for output j.
@@ -295,6 +296,9 @@ struct Run {
   // input is missing (an op before it failed) its steps run one by one, so
   // that each reports as an unfused node would.
   void run_group(int lane, const plan::FusedGroup& grp);
+
+  // Runs part `part` (executor.h) as one call on `lane`.
+  void run_part(int lane, const Part& part);
 
   // Node i failed outside its own try (a wait, a lock, an allocation of the
   // executor's): it fails alone, so that no lane waits for it forever.

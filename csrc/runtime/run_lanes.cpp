@@ -219,6 +219,106 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
   if (parallel) cv.notify_all();
 }
 
+void Run::run_part(int lane, const Part& part) {
+  const Place& place = places[lane];
+  const int id = parts->part_of[part.nodes.at(0)];
+  auto outside = [&](int d) { return parts->part_of[d] != id; };
+  std::unique_lock<std::mutex> lock(m);
+  if (parallel) {
+    cv.wait(lock, [&] {
+      for (int i : part.nodes)
+        for (int d : g.deps[i])
+          if (outside(d) && res.status[d] == Status::NotRun) return false;
+      return true;
+    });
+  }
+  // Its nodes fail (or are skipped) together.
+  auto fail_all = [&](Status s, std::exception_ptr e, const std::string& msg) {
+    for (int i : part.nodes) fail(i, s, e, msg);
+    cv.notify_all();
+  };
+  std::vector<c10::Storage> reads;
+  reads.reserve(part.reads.size());
+  for (const auto& [v, d] : part.reads) {
+    if (d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error) {
+      std::string msg = d < 0 ? v.node->error : "";
+      fail_all(Status::Skipped, d < 0 ? error_with(msg) : nullptr, msg);
+      return;
+    }
+    try {
+      reads.push_back(operand(v, d, lane, lock));  // returns (or throws) with the lock held
+    } catch (const std::exception& e) {
+      observers().node_failed();
+      fail_all(Status::Failed, std::current_exception(), message_of(e));
+      return;
+    }
+  }
+  lock.unlock();
+  const double start = now();
+  std::vector<c10::Storage> made;
+  std::exception_ptr error;
+  std::string message;
+  try {
+    if (place.streams) {
+      // After the other lanes' producers of what it reads, as a node.
+      std::vector<int> waited;
+      for (int i : part.nodes)
+        for (int d : g.deps[i])
+          if (outside(d) && events[d] && p.lane_of[d] != lane &&
+              std::find(waited.begin(), waited.end(), d) == waited.end()) {
+            waited.push_back(d);
+            observers().before_event_wait();
+            if (!observers().drops_event_wait()) events[d]->block(place.stream);
+          }
+      for (const auto& s : reads)
+        if (!observers().drops_record_use()) record_use(s, place.stream);
+    }
+    std::vector<const void*> written;
+    made = part.call(reads, place, written);
+    TORCH_CHECK(made.size() == part.makes.size(), "mgpu: ", part.name, " returned ", made.size(), " values, expected ",
+                part.makes.size());
+    if (place.streams) {
+      if (observers().watches_streams()) {
+        std::vector<const void*> read;
+        for (const auto& s : reads) read.push_back(s.data());
+        observers().stream_access(place.device, part.name, read, written, false);
+      }
+      for (int i : part.nodes) {
+        if (events[i]) events[i]->record(place.stream);
+        ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+        ends[i]->record(place.stream);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    message = message_of(e);
+  }
+  reads.clear();
+  const double end = now();
+  lock.lock();
+  for (int i : part.nodes) {
+    res.timing[i] = NodeTiming{lane, start, end, thread_parallelism()};
+    if (error) {
+      fail(i, Status::Failed, error, message);
+      continue;
+    }
+    res.values[i].resize(g.nodes[i]->outputs.size());
+    res.status[i] = Status::Ok;
+  }
+  if (error) {
+    observers().node_failed();
+  } else {
+    for (size_t j = 0; j < made.size(); ++j) {
+      const auto [i, k] = part.makes[j];
+      ir::hold(made[j]);
+      res.values[i].at(k) = std::move(made[j]);
+    }
+    for (int i : part.nodes) release_operands(i);
+  }
+  lock.unlock();
+  if (parallel) cv.notify_all();
+}
+
 void Run::fail_unexpected(int i, std::exception_ptr e) {
   std::string msg = "an error in the executor";
   try {
@@ -281,10 +381,13 @@ void Run::run_lane_nodes(int l) {
   const auto& f = p.fusion;
   const bool fuse = !f.group_at.empty() && !place.streams && !place.remote;  // host kernels over host memory
   for (size_t k = 0; k < order.size(); ++k) {
-    const int grp = fuse ? f.group_at[order[k]] : -1;
-    const size_t steps = grp < 0 ? 1 : f.groups[grp].steps.size();  // a group's steps are the lane's next nodes
+    const int part = parts ? parts->part_at[order[k]] : -1;
+    const int grp = fuse && part < 0 ? f.group_at[order[k]] : -1;
+    // A part's nodes, and a group's steps, are the lane's next nodes.
+    const size_t steps = part >= 0 ? parts->parts[part].nodes.size() : grp < 0 ? 1 : f.groups[grp].steps.size();
     try {
-      if (grp < 0) run_one(l, order[k]);
+      if (part >= 0) run_part(l, parts->parts[part]);
+      else if (grp < 0) run_one(l, order[k]);
       else run_group(l, f.groups[grp]);
     } catch (...) {
       for (size_t s = 0; s < steps; ++s) fail_unexpected(order[k + s], std::current_exception());

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -391,6 +392,129 @@ TEST(StreamLanes, AFailedEventWaitFailsItsNode) { expect_contained_failure("even
 TEST(StreamLanes, AFailedKernelFailsItsNode) { expect_contained_failure("node", true, false); }
 TEST(StreamLanes, AFailedTransferFailsItsNode) { expect_contained_failure("transfer", true, true); }
 TEST(StreamLanes, AFailedStreamSynchronizeIsTheRunsError) { expect_contained_failure("stream_sync", false, false); }
+
+// Parts (runtime::Part: nodes run as one call, as compiled parts are):
+// x -> mm -> tanh is one part on lane 0, x -> sigmoid -> mul another on
+// lane 1, and their sum a plain node on lane 0 after them.
+struct PartsCase {
+  at::Tensor x, tanh_m, mul_m, sum_m;
+  ir::Graph g;
+  plan::Plan p;
+  runtime::Parts parts;
+  int calls = 0;
+  bool fail_second = false;
+
+  PartsCase() {
+    torch::manual_seed(6);
+    x = torch::randn({32, 32});
+    auto xm = x.to(torch_mgpu::device());
+    auto mm = torch::mm(xm, xm);
+    tanh_m = torch::tanh(mm);
+    auto sig = torch::sigmoid(xm);
+    mul_m = sig * 2.5;
+    sum_m = tanh_m + mul_m;
+    g = ir::build_graph({capture::buffer_of(sum_m)->value});
+    EXPECT_EQ(g.size(), 5u);
+    auto at = [&](const at::Tensor& t) { return g.find(capture::buffer_of(t)->value.node.get()); };
+    auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+    p = plan::make_serial_plan(g, topo, plan::CostModel());
+    p.lane_order = {{at(mm), at(tanh_m), at(sum_m)}, {at(sig), at(mul_m)}};
+    p.lane_of.assign(g.size(), 0);
+    p.lane_of[at(sig)] = p.lane_of[at(mul_m)] = 1;
+    p.lanes_used = 2;
+    p.threads_per_lane = at::get_num_threads();
+    plan::compute_reuse(g, p);
+    parts.part_at.assign(g.size(), -1);
+    parts.part_of.assign(g.size(), -1);
+    const ir::Value xv = capture::buffer_of(xm)->value;
+    const auto xgeom = capture::geometry_of(xm);
+    add({at(mm), at(tanh_m)}, xv, xgeom, at(tanh_m), [](const at::Tensor& in) { return torch::tanh(torch::mm(in, in)); });
+    add({at(sig), at(mul_m)}, xv, xgeom, at(mul_m), [this](const at::Tensor& in) {
+      if (fail_second) throw std::runtime_error("the second part failed");
+      return torch::sigmoid(in) * 2.5;
+    });
+  }
+
+  void add(std::vector<int> nodes, const ir::Value& read, const ir::TensorGeometry& geom, int makes,
+           std::function<at::Tensor(const at::Tensor&)> f) {
+    runtime::Part part;
+    part.nodes = nodes;
+    part.reads = {{read, -1}};
+    part.makes = {{makes, 0}};
+    part.name = "part " + std::to_string(parts.parts.size());
+    part.call = [this, f, geom](const std::vector<c10::Storage>& reads, const runtime::Place&,
+                                std::vector<const void*>& written) {
+      ++calls;
+      at::Tensor out = f(runtime::cpu_view(reads.at(0), geom)).contiguous();
+      written.push_back(out.storage().data());
+      return std::vector<c10::Storage>{out.storage()};
+    };
+    const int k = static_cast<int>(parts.parts.size());
+    for (int i : nodes) parts.part_of[i] = k;
+    parts.part_at[nodes.at(0)] = k;
+    parts.parts.push_back(std::move(part));
+  }
+
+  at::Tensor value(const runtime::ExecResult& r, const at::Tensor& t) {
+    const int i = g.find(capture::buffer_of(t)->value.node.get());
+    return runtime::cpu_view(r.values[i][0], capture::geometry_of(t));
+  }
+};
+
+TEST(Parts, RunAsOneCallEachInStreamOrder) {
+  PartsCase pc;
+  WithFakeStreams fake;
+  runtime::ExecResult r = runtime::execute(pc.g, pc.p, stream_places(2), &pc.parts);
+  ASSERT_FALSE(r.first_error);
+  EXPECT_EQ(pc.calls, 2);
+  auto want = torch::tanh(torch::mm(pc.x, pc.x)) + torch::sigmoid(pc.x) * 2.5;
+  EXPECT_TRUE(torch::allclose(pc.value(r, pc.sum_m), want));
+  for (size_t i = 0; i < pc.g.size(); ++i) EXPECT_EQ(r.status[i], runtime::Status::Ok);
+  // The sum (lane 0) waits on its stream for the event lane 1's stream
+  // recorded after the second part; the part's input is recorded on its
+  // stream.
+  std::map<intptr_t, c10::StreamId> recorded_on;
+  bool waited = false;
+  std::set<c10::StreamId> used;
+  for (const auto& e : fake.fake->log) {
+    if (e.what == "record") recorded_on[e.event] = e.stream;
+    if (e.what == "block") waited |= recorded_on.count(e.event) && recorded_on[e.event] == 101 && e.stream == 100;
+    if (e.what == "use") used.insert(e.stream);
+  }
+  EXPECT_TRUE(waited);
+  EXPECT_EQ(used, (std::set<c10::StreamId>{100, 101}));
+}
+
+TEST(Parts, AFailedPartFailsItsNodesAndSkipsItsReaders) {
+  PartsCase pc;
+  pc.fail_second = true;
+  runtime::ExecResult r = runtime::execute(pc.g, pc.p, {runtime::Place(), runtime::Place()}, &pc.parts);
+  ASSERT_TRUE(r.first_error);
+  EXPECT_NE(r.first_message.find("the second part failed"), std::string::npos) << r.first_message;
+  auto status = [&](const at::Tensor& t) { return r.status[pc.g.find(capture::buffer_of(t)->value.node.get())]; };
+  EXPECT_EQ(status(pc.tanh_m), runtime::Status::Ok);
+  EXPECT_EQ(status(pc.mul_m), runtime::Status::Failed);
+  EXPECT_EQ(status(pc.sum_m), runtime::Status::Skipped);
+  EXPECT_TRUE(torch::allclose(pc.value(r, pc.tanh_m), torch::tanh(torch::mm(pc.x, pc.x))));
+}
+
+TEST(StreamSanitizer, ADroppedWaitAfterAPartIsARaceNamingIt) {
+  PartsCase pc;
+  {
+    Sanitized on;
+    runtime::ExecResult r = runtime::execute(pc.g, pc.p, stream_places(2), &pc.parts);
+    ASSERT_FALSE(r.first_error);
+    EXPECT_TRUE(runtime::take_stream_sanitizer_races().empty());
+  }
+  Sanitized on;
+  runtime::inject_fault("drop_event_wait", 1);
+  runtime::ExecResult r = runtime::execute(pc.g, pc.p, stream_places(2), &pc.parts);
+  runtime::inject_fault("drop_event_wait", 0);
+  ASSERT_FALSE(r.first_error);
+  auto races = runtime::take_stream_sanitizer_races();
+  ASSERT_FALSE(races.empty());
+  EXPECT_NE(races[0].find("write by part 1"), std::string::npos) << races[0];
+}
 
 } // namespace
 
