@@ -46,10 +46,7 @@ class Worker {
   void wait() {
     // A flight is short: spin for it before sleeping (waking a sleeping
     // thread costs tens to hundreds of microseconds on a virtual machine).
-    auto until = clock::now() + std::chrono::nanoseconds(spin_ns_ * 4);
-    uint32_t step = 0;
-    while (!finished_.load(std::memory_order_acquire) && ((step & 63u) != 0 || clock::now() < until))
-      runtime::spin_pause(step);
+    runtime::spin_while([&] { return !finished_.load(std::memory_order_acquire); }, spin_ns_ * 4);
     std::unique_lock<std::mutex> lock(m_);
     done_cv_.wait(lock, [&] { return done_; });
   }
@@ -70,9 +67,7 @@ class Worker {
     uint64_t seen = 0;
     while (true) {
       // Spin briefly before sleeping: flights come in quick succession.
-      auto until = clock::now() + std::chrono::nanoseconds(spin_ns_);
-      uint32_t step = 0;
-      while (ticket_.load() == seen && ((step & 63u) != 0 || clock::now() < until)) runtime::spin_pause(step);
+      runtime::spin_while([&] { return ticket_.load() == seen; }, spin_ns_);
       std::shared_ptr<Execution> e;
       {
         std::unique_lock<std::mutex> lock(m_);

@@ -71,13 +71,7 @@ void LanePool::loop(Worker& w) {
   int applied = -1;
   while (true) {
     // Spin a little for the next job, then sleep.
-    auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
-    uint32_t step = 0;
-    while (w.ticket.load(std::memory_order_acquire) == w.seen && !stop_ &&
-           ((step & 63u) != 0 || std::chrono::steady_clock::now() < until)) {
-      spin_pause(step);
-    }
-    if (w.ticket.load(std::memory_order_acquire) == w.seen) {
+    if (!spin_while([&] { return w.ticket.load(std::memory_order_acquire) == w.seen && !stop_; }, spin_ns_)) {
       std::unique_lock<std::mutex> lock(m_);
       cv_.wait(lock, [&] { return stop_ || w.ticket.load(std::memory_order_acquire) != w.seen; });
     }

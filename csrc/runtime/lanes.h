@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -63,6 +64,18 @@ inline void spin_pause(uint32_t& step) {
   asm volatile("yield");
 #endif
   if ((++step & 1023u) == 0) std::this_thread::yield();
+}
+
+// The spin of a spin-then-sleep wait (the lanes', the background
+// worker's, a wait for a flight): spin_pause while `waiting()` holds, for
+// at most `ns` nanoseconds (the clock read every 64 steps). Returns
+// whether the wait is over; if not, the caller sleeps on its condition.
+template <class Waiting>
+bool spin_while(Waiting waiting, int64_t ns) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  uint32_t step = 0;
+  while (waiting() && ((step & 63u) != 0 || std::chrono::steady_clock::now() < until)) spin_pause(step);
+  return !waiting();
 }
 
 // Whether this process is the child of a fork() made after the library
