@@ -1,4 +1,5 @@
 #include "capture/meta_cache.h"
+#include "ir/lru.h"
 #include "ir/partition.h"
 
 #include <c10/util/BFloat16.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <list>
 #include <cstring>
 #include <unordered_map>
 
@@ -17,11 +19,13 @@ struct Entry {
   std::vector<int64_t> key;
   MetaResult result;
 };
-// By the key's hash; entries whose keys collide are told apart by their
-// words. Node-based: a found result stays put while others are added.
+constexpr size_t kMaxEntries = 1 << 16;
+// By the key's hash (the least recently used hash goes when there are
+// kMaxEntries); entries whose keys collide are told apart by their words.
+// Node-based: a found result stays put while others are added.
 struct Cache {
-  std::unordered_multimap<uint64_t, Entry> map;
-  // Bumped when the map is cleared: memos (MetaCacheMemo) point into its
+  ir::Lru<uint64_t, std::list<Entry>> map{kMaxEntries};
+  // Bumped when an entry goes: memos (MetaCacheMemo) point into the
   // entries, so anything that ever erases one must bump it too.
   uint64_t generation = 1;
 };
@@ -33,7 +37,6 @@ Cache& cache() {
   static auto* c = new Cache();
   return *c;
 }
-constexpr size_t kMaxEntries = 1 << 16;
 } // namespace
 
 void SignatureKey::add_geometry(const ir::TensorGeometry& g) {
@@ -144,22 +147,22 @@ const MetaResult* meta_cache_find(const SignatureKey& key, MetaCacheMemo* memo) 
     const auto* e = static_cast<const Entry*>(memo->entry);
     if (same_key(e->key, key)) return &e->result;
   }
-  auto range = c.map.equal_range(key.hash());
-  for (auto it = range.first; it != range.second; ++it) {
-    if (!same_key(it->second.key, key)) continue;
-    if (memo) *memo = MetaCacheMemo{&it->second, c.generation};
-    return &it->second.result;
+  std::list<Entry>* bucket = c.map.find(key.hash());
+  if (!bucket) return nullptr;
+  for (Entry& e : *bucket) {
+    if (!same_key(e.key, key)) continue;
+    if (memo) *memo = MetaCacheMemo{&e, c.generation};
+    return &e.result;
   }
   return nullptr;
 }
 
 void meta_cache_put(const SignatureKey& key, MetaResult result) {
   auto& c = cache();
-  if (c.map.size() >= kMaxEntries) {  // bounded: a shape-churning loop must not grow memory
-    c.map.clear();
-    ++c.generation;
-  }
-  c.map.emplace(key.hash(), Entry{std::vector<int64_t>(key.words.begin(), key.words.end()), std::move(result)});
+  // Bounded: a shape-churning loop must not grow memory.
+  auto& bucket = c.map.get(
+      key.hash(), [](const std::list<Entry>&) { return false; }, [&](uint64_t, std::list<Entry>&) { ++c.generation; });
+  bucket.push_back(Entry{std::vector<int64_t>(key.words.begin(), key.words.end()), std::move(result)});
 }
 
 

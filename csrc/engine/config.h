@@ -1,5 +1,6 @@
 #pragma once
 // The lanes configured now and the plans made for them (internal to engine/).
+#include "ir/lru.h"
 #include "engine/execution.h"
 
 #include <memory>
@@ -39,7 +40,7 @@ struct CachedPlan {
 struct Config {
   std::mutex m;
   std::shared_ptr<const Lanes> lanes;
-  std::unordered_map<uint64_t, CachedPlan> plans;  // by graph hash
+  ir::Lru<uint64_t, CachedPlan> plans{1024};  // by graph hash (and caller's threads: plan_key)
   Config();  // from TORCH_MGPU_DEVICES / _LANES / _POLICY, or every visible GPU, or the CPU
   static int default_lanes(const std::vector<std::string>& devices);
   // A topology for `devices`, refused (with a clear error) if this machine lacks them.

@@ -144,11 +144,10 @@ std::shared_ptr<const plan::Plan> plan_if_cached(const ir::Graph& g, const plan:
                                                  const std::string& policy) {
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(plan_key(g.hash, topo));
-  if (it == c.plans.end() || it->second.lanes != c.lanes.get() || !same_topology(c.lanes->topo, topo) ||
-      c.lanes->policy != policy)
+  const CachedPlan* e = c.plans.peek(plan_key(g.hash, topo));
+  if (!e || e->lanes != c.lanes.get() || !same_topology(c.lanes->topo, topo) || c.lanes->policy != policy)
     return nullptr;
-  return it->second.plan;
+  return e->plan;
 }
 
 std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l, int caller_threads) {
@@ -160,15 +159,14 @@ std::shared_ptr<const plan::Plan> plan_for(const ir::Graph& g, const Lanes& l, i
   const uint64_t key = plan_key(g.hash, topo);
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(key);
-  if (it != c.plans.end() && it->second.lanes == &l) {
+  const CachedPlan* found = c.plans.find(key);  // a use
+  if (found && found->lanes == &l) {
     runtime::counters().plan_cache_hits++;
-    return it->second.plan;
+    return found->plan;
   }
   auto p = std::make_shared<const plan::Plan>(make_plan_for(g, topo, cm, l.policy, stream_lanes(l)));
   runtime::counters().plans_built++;
-  if (c.plans.size() >= 1024) c.plans.clear();  // bounded
-  CachedPlan& e = c.plans[key];
+  CachedPlan& e = c.plans.get(key);  // bounded: the least recently used plan goes
   e = CachedPlan();
   e.plan = p;
   e.lanes = &l;
@@ -191,9 +189,9 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
   const auto topo = for_caller(l.topo, caller_threads);
   auto& c = config();
   std::lock_guard<std::mutex> lock(c.m);
-  auto it = c.plans.find(plan_key(g.hash, topo));
-  if (it == c.plans.end() || it->second.plan != p || it->second.settled) return;
-  CachedPlan& e = it->second;
+  CachedPlan* found = c.plans.peek(plan_key(g.hash, topo));
+  if (!found || found->plan != p || found->settled) return;
+  CachedPlan& e = *found;
   const size_t n = g.size();
   if (e.runs++ == 0) return;  // the cold run
   if (e.refined) {

@@ -2,6 +2,7 @@
 // and the measured choice between the tiers.
 #include "engine/tiers.h"
 #include "engine/tier1.h"
+#include "ir/lru.h"
 #include "ir/env.h"
 #include "ir/fork_order.h"
 
@@ -72,19 +73,17 @@ struct Entry {
   std::vector<double> recent;  // kept code's latest runs
   double kept_median = 0;      // its trial's median
   std::string choice;          // what the trial measured: each way compiled, and tier 0
-  uint64_t used = 0;
 };
 
 struct Tiers {
   std::mutex m;
   std::condition_variable cv;
-  std::unordered_map<uint64_t, Entry> entries;
+  ir::Lru<uint64_t, Entry> entries{kMaxEntries};
   std::deque<std::shared_ptr<const CompileRequest>> queue;
   int compiling = 0;
   bool stopped = false;
   bool compiler = false;  // a compile thread serves the queue
   std::string last_error;  // why the last graph was dropped from tier 1
-  uint64_t clock = 0;
 };
 
 Tiers* g_tiers = nullptr;
@@ -98,7 +97,7 @@ Tiers& tiers() {
     ir::on_fork(ir::ForkRank::Tiers, [] { g_tiers->m.lock(); }, [] { g_tiers->m.unlock(); }, [] {
       new (&g_tiers->m) std::mutex();
       new (&g_tiers->cv) std::condition_variable();
-      new (&g_tiers->entries) std::unordered_map<uint64_t, Entry>();
+      new (&g_tiers->entries) ir::Lru<uint64_t, Entry>(kMaxEntries);
       g_tiers->queue.clear();
       g_tiers->compiling = 0;
       g_tiers->compiler = false;
@@ -131,23 +130,12 @@ std::atomic<int>& hits_slot() {
 // goes is handed to `dropped`, to be let go of after t.m (its deleter takes
 // the GIL, and a fork holds the GIL while it takes t.m).
 Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
-  auto it = t.entries.find(key);
-  if (it == t.entries.end()) {
-    if (t.entries.size() >= kMaxEntries) {
-      auto oldest = t.entries.end();
-      for (auto e = t.entries.begin(); e != t.entries.end(); ++e)
-        if (e->second.state != State::Queued && (oldest == t.entries.end() || e->second.used < oldest->second.used))
-          oldest = e;
-      if (oldest != t.entries.end()) {
-        if (oldest->second.compiled) dropped.push_back(std::move(oldest->second.compiled));
-        for (auto& c : oldest->second.trial) dropped.push_back(std::move(c));
-        t.entries.erase(oldest);
-      }
-    }
-    it = t.entries.emplace(key, Entry()).first;
-  }
-  it->second.used = ++t.clock;
-  return it->second;
+  return t.entries.get(
+      key, [](const Entry& e) { return e.state == State::Queued; },
+      [&](uint64_t, Entry& e) {
+        if (e.compiled) dropped.push_back(std::move(e.compiled));
+        for (auto& c : e.trial) dropped.push_back(std::move(c));
+      });
 }
 
 } // namespace
@@ -219,9 +207,9 @@ void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> 
   auto& c = runtime::counters();
   c.tier1_compiled++;
   for (const auto& w : ways) c.tier1_compile_us += static_cast<int64_t>(w->compile_s * 1e6);
-  auto it = t.entries.find(key);
-  if (it != t.entries.end() && it->second.state == State::Queued && it->second.request) {
-    Entry& e = it->second;
+  Entry* found = t.entries.peek(key);
+  if (found && found->state == State::Queued && found->request) {
+    Entry& e = *found;
     // A way whose parts do not match the request's is dropped (the others
     // may still run).
     std::vector<std::shared_ptr<CompiledGraph>> fit;
@@ -260,10 +248,9 @@ void reject_compiled(uint64_t key, const std::string& why) {
   std::lock_guard<std::mutex> lock(t.m);
   t.compiling = std::max(0, t.compiling - 1);
   runtime::counters().tier1_rejected++;
-  auto it = t.entries.find(key);
-  if (it != t.entries.end()) {
-    it->second.state = State::Rejected;
-    it->second.request.reset();
+  if (Entry* e = t.entries.peek(key)) {
+    e->state = State::Rejected;
+    e->request.reset();
   }
   t.last_error = "not compiled: " + why;
   t.cv.notify_all();
@@ -319,10 +306,9 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   {
     auto& t = tiers();
     std::lock_guard<std::mutex> lock(t.m);
-    auto it = t.entries.find(run.key);
-    if (it == t.entries.end() || !(it->second.state == State::Trial || it->second.state == State::Kept)) return std::nullopt;
-    Entry& e = it->second;
-    e.used = ++t.clock;
+    Entry* found = t.entries.find(run.key);  // a use
+    if (!found || !(found->state == State::Trial || found->state == State::Kept)) return std::nullopt;
+    Entry& e = *found;
     if (e.state == State::Kept) {
       compiled = e.compiled;
       run.choice = e.choice;
@@ -374,9 +360,8 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     std::lock_guard<std::mutex> lock(t.m);
     t.last_error = std::string("a compiled run failed: ") + e.what();
     runtime::counters().tier1_fallbacks++;
-    auto it = t.entries.find(run.key);
-    if (it != t.entries.end()) {
-      Entry& en = it->second;
+    if (Entry* found = t.entries.peek(run.key)) {
+      Entry& en = *found;
       const auto at = std::find(en.trial.begin(), en.trial.end(), dropped.front());
       if (en.state == State::Trial && at != en.trial.end() && en.trial.size() > 1) {
         // On trial beside another way: only this way goes.

@@ -213,17 +213,10 @@ int64_t Remote::resident(const ir::NodePtr& leaf, bool& fresh, std::vector<int64
 }
 
 bool Remote::knows_program(uint64_t key, std::vector<uint64_t>& forget) {
-  constexpr size_t kPrograms = 256;
   std::lock_guard<std::mutex> lock(residents_m_);
-  auto [it, fresh] = programs_.try_emplace(key, 0);
-  it->second = ++tick_;
-  while (programs_.size() > kPrograms) {
-    auto oldest = programs_.begin();
-    for (auto p = programs_.begin(); p != programs_.end(); ++p)
-      if (p->second < oldest->second) oldest = p;
-    forget.push_back(oldest->first);
-    programs_.erase(oldest);
-  }
+  bool fresh = false;
+  programs_.get(
+      key, [](char) { return false; }, [&](uint64_t gone, char) { forget.push_back(gone); }, &fresh);
   return !fresh;
 }
 

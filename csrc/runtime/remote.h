@@ -16,6 +16,7 @@
 // marked lost: every later call on it raises an error naming it, and
 // configure() refuses it until a new process group brings it back. A worker
 // whose controller goes away returns from serve().
+#include "ir/lru.h"
 #include "ir/node.h"
 #include "runtime/serialize.h"
 
@@ -117,8 +118,10 @@ class Remote {
   std::atomic<int64_t> next_id_{1};
   std::mutex residents_m_;
   std::unordered_map<const ir::Node*, std::pair<std::weak_ptr<ir::Node>, int64_t>> residents_;
-  std::unordered_map<uint64_t, uint64_t> programs_;  // key -> last use (a tick)
-  uint64_t tick_ = 0;
+  // The programs' structures the worker keeps (kPrograms, the least
+  // recently run goes: the worker is told to forget it).
+  static constexpr size_t kPrograms = 256;
+  ir::Lru<uint64_t, char> programs_{kPrograms};
 };
 
 // A program message (Msg::Exec) as a worker reads it; its blobs are the

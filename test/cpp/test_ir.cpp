@@ -1,12 +1,14 @@
 // The IR alone: nodes, values, hashing, graph building, printing. No op runs.
 #include "ir/fork_order.h"
 #include "ir/graph.h"
+#include "ir/lru.h"
 
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <string>
 #include <thread>
 
 using namespace torch_mgpu::ir;
@@ -276,4 +278,47 @@ TEST(Hash, IValues) {
             hash_ivalue(c10::IValue(c10::complex<double>(2.0, 0.0))));
   EXPECT_EQ(hash_ivalue(c10::IValue(c10::complex<double>(2.0, 3.0))),
             hash_ivalue(c10::IValue(c10::complex<double>(4.0, -3.0))));
+}
+
+TEST(Lru, TheLeastRecentlyUsedGoesFirst) {
+  Lru<int, std::string> c(2);
+  c.get(1) = "one";
+  c.get(2) = "two";
+  ASSERT_NE(c.find(1), nullptr);  // 1 is now the more recent
+  bool made = false;
+  std::vector<int> gone;
+  c.get(3, [](const std::string&) { return false; }, [&](int k, std::string&) { gone.push_back(k); }, &made) = "three";
+  EXPECT_TRUE(made);
+  EXPECT_EQ(gone, std::vector<int>{2});
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_EQ(*c.find(1), "one");
+  EXPECT_EQ(c.find(2), nullptr);
+  std::string* three = c.peek(3);  // peek does not count as a use: 3 stays the older
+  ASSERT_NE(three, nullptr);
+  c.get(4);
+  EXPECT_EQ(c.find(3), nullptr);
+  EXPECT_NE(c.find(1), nullptr);
+  c.get(1, &made);
+  EXPECT_FALSE(made);
+}
+
+TEST(Lru, KeptEntriesStayAndEntriesKeepTheirAddress) {
+  Lru<int, int> c(2);
+  int* first = &c.get(1);
+  *first = 10;
+  c.get(2) = 20;
+  // Entry 1 is held on to (a graph being compiled): 2 goes instead, though more recent.
+  c.get(3, [](const int& v) { return v == 10; }, [](int, int&) {}) = 30;
+  EXPECT_EQ(c.find(1), first);
+  EXPECT_EQ(c.find(2), nullptr);
+  // Everything held on to: the cache grows past its capacity rather than drop one.
+  c.get(4, [](const int&) { return true; }, [](int, int&) {});
+  EXPECT_EQ(c.size(), 3u);
+  c.erase(1);
+  EXPECT_EQ(c.peek(1), nullptr);
+  std::vector<int> order;
+  c.for_each([&](int k, int&) { order.push_back(k); });
+  EXPECT_EQ(order, (std::vector<int>{4, 3}));
+  c.clear();
+  EXPECT_EQ(c.size(), 0u);
 }
