@@ -65,33 +65,9 @@ bool cost_model_pinned();
 // earlier pieces) run as compiled partitions, list-scheduled over them.
 double work_seconds(const plan::Work& w, int lanes);
 double partition_makespan(std::vector<double> seconds, const std::vector<std::vector<int>>& preds, int lanes);
-// A graph's nodes (`cost[k]` seconds on one of `lanes` lanes, reading the
-// earlier nodes `preds[k]`) in groups worth compiling and calling apart
-// (plan/groups.h; `siblings`: small siblings bundled), in a topological
-// order, list-scheduled over the lanes (each paying a call): `lane_of` each
-// group's lane, `makespan` the schedule's (one group of every node where
-// none are found).
-std::vector<std::vector<int>> schedule_groups(const std::vector<double>& cost,
-                                              const std::vector<std::vector<int>>& preds, int lanes,
-                                              std::vector<int>& lane_of, double& makespan, bool siblings);
-// A graph's nodes (`cost[k]` seconds, reading the earlier nodes
-// `preds[k]`) taken in pieces (`pieces`: node indices, each node in at most
-// one): each piece's seconds (its nodes' sum), the pieces it reads (none
-// twice, never itself) and each node's piece (-1: none), for a schedule of
-// the pieces (plan::make_tasks).
-struct PricedPieces {
-  std::vector<double> seconds;
-  std::vector<std::vector<int>> preds;
-  std::vector<int> piece_of;  // by node
-};
-PricedPieces price_pieces(const std::vector<std::vector<int>>& pieces, const std::vector<double>& cost,
-                          const std::vector<std::vector<int>>& preds);
-// Whether pieces predicted to take `makespan` on the lanes beat running
-// work of `total` seconds as one piece (by plan::kMinSplitGain).
-bool worth_splitting(double makespan, double total);
-// schedule_groups' groups (small siblings not bundled: see plan/groups.h)
-// where worth splitting, else one group of every node (torch.compile's
-// partitioner).
+// plan::schedule_groups' groups on lanes like the current ones (small
+// siblings not bundled: see plan/groups.h) where worth splitting, else one
+// group of every node (torch.compile's partitioner).
 std::vector<std::vector<int>> split_groups(const std::vector<double>& cost, const std::vector<std::vector<int>>& preds,
                                            int lanes);
 

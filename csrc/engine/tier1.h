@@ -106,24 +106,9 @@ std::string ineligible(const ir::Graph& g, const Lanes& l);
 
 inline bool eligible(const ir::Graph& g, const Lanes& l) { return ineligible(g, l).empty(); }
 
-// The groups on each lane joined into as few parts as keep the lanes
-// apart: a lane's groups, in order, join its current part until one reads
-// from a part (on another lane) that the current part does not already
-// wait for, or follows a group another lane needs before the rest (below);
-// that group starts the lane's next part. A part then waits for
-// others only before it starts, and only for parts that do not wait for it
-// (counting each lane's order of parts as waits too): lanes that run their
-// parts in order cannot wait for each other in a circle. `groups` in a
-// topological order; `lane` per group, then per part.
-std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::vector<std::vector<int>>& groups,
-                                               std::vector<int>& lane);
-
 // The parts of `g` worth compiling apart and running side by side on the
-// lanes: torch.compile's groups (engine.h's schedule_groups, the ops priced
-// by the plan's model), each on the lane the list schedule gives it, a
-// lane's groups joined into parts (join_along_lanes); `part_of` each node's
-// part. Empty where the parts are not predicted to beat one piece (each
-// paying a call), or there are more than kMaxParts.
+// lanes `l`: plan::split_along_lanes (plan/pieces.h) over its ops priced by
+// the plan's model.
 std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l, std::vector<int>& part_lane,
                                               std::vector<int>& part_of);
 

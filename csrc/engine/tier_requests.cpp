@@ -2,6 +2,7 @@
 // between its runs), whether it may be compiled, its parts along the lanes,
 // and the request the compile thread takes (docs/TIERS.md).
 #include "engine/tier1.h"
+#include "plan/pieces.h"
 
 namespace torch_mgpu::engine::tier1 {
 
@@ -272,103 +273,6 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
 }
 
 
-// Parts of a split graph beyond this many: compiled whole instead (each
-// part is a compile).
-constexpr size_t kMaxParts = 16;
-
-// The groups on each lane joined into as few parts as keep the lanes
-// apart: a lane's groups, in order, join its current part until one reads
-// from a part (on another lane) that the current part does not already
-// wait for, or follows a group another lane needs before the rest (below);
-// that group starts the lane's next part. A part then waits for
-// others only before it starts, and only for parts that do not wait for it
-// (counting each lane's order of parts as waits too): lanes that run their
-// parts in order cannot wait for each other in a circle. `groups` in a
-// topological order; `lane` per group, then per part.
-std::vector<std::vector<int>> join_along_lanes(const ir::Graph& g, const std::vector<std::vector<int>>& groups,
-                                               std::vector<int>& lane) {
-  // A part also ends after a group that another lane reads without reading
-  // the later groups of its lane (a trunk and its heads: the head on the
-  // other lane waits for the trunk, not for the head after it).
-  std::vector<int> group_of(g.size(), -1);
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int i : groups[k]) group_of[static_cast<size_t>(i)] = static_cast<int>(k);
-  std::vector<std::vector<int>> reads_of(groups.size());  // groups each reads, directly
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int i : groups[k])
-      for (int d : g.deps[static_cast<size_t>(i)]) {
-        const int j = group_of[static_cast<size_t>(d)];
-        auto& r = reads_of[k];
-        if (j != static_cast<int>(k) && std::find(r.begin(), r.end(), j) == r.end()) r.push_back(j);
-      }
-  std::vector<char> cut_after(groups.size(), 0);
-  for (size_t r = 0; r < groups.size(); ++r)
-    for (int k : reads_of[r]) {
-      if (lane.at(static_cast<size_t>(k)) == lane.at(r)) continue;
-      bool later = false;  // does r read a later group of k's lane?
-      for (int j : reads_of[r]) later = later || (j > k && lane.at(static_cast<size_t>(j)) == lane.at(static_cast<size_t>(k)));
-      if (!later) cut_after[static_cast<size_t>(k)] = 1;
-    }
-  std::vector<std::vector<int>> parts, after;  // after[c]: parts c reads (and its lane's previous part)
-  std::vector<int> part_lane;
-  std::vector<int> part_of(g.size(), -1);
-  std::unordered_map<int, int> current;  // lane -> its current part
-  std::unordered_map<int, bool> closed;  // lane -> its current part takes no more groups
-  std::vector<char> seen;
-  auto waits_for = [&](int from, int to) {
-    seen.assign(parts.size(), 0);
-    std::vector<int> stack{from};
-    while (!stack.empty()) {
-      const int c = stack.back();
-      stack.pop_back();
-      if (c == to) return true;
-      if (seen[static_cast<size_t>(c)]) continue;
-      seen[static_cast<size_t>(c)] = 1;
-      for (int d : after[static_cast<size_t>(c)]) stack.push_back(d);
-    }
-    return false;
-  };
-  for (size_t k = 0; k < groups.size(); ++k) {
-    const int l = lane.at(k);
-    auto it = current.find(l);
-    int c = it == current.end() ? -1 : it->second;
-    std::vector<int> reads;
-    for (int i : groups[k])
-      for (int d : g.deps[static_cast<size_t>(i)]) {
-        const int pd = part_of[static_cast<size_t>(d)];
-        if (pd >= 0 && std::find(reads.begin(), reads.end(), pd) == reads.end()) reads.push_back(pd);
-      }
-    bool fits = c >= 0 && !closed[l];
-    for (int pd : reads)
-      if (fits && pd != c && !waits_for(c, pd)) fits = false;
-    if (!fits) {
-      parts.emplace_back();
-      after.emplace_back();
-      part_lane.push_back(l);
-      if (c >= 0) after.back().push_back(c);
-      c = static_cast<int>(parts.size()) - 1;
-      current[l] = c;
-    }
-    closed[l] = cut_after[k] != 0;
-    auto& a = after[static_cast<size_t>(c)];
-    for (int pd : reads)
-      if (pd != c && std::find(a.begin(), a.end(), pd) == a.end()) a.push_back(pd);
-    for (int i : groups[k]) {
-      part_of[static_cast<size_t>(i)] = c;
-      parts[static_cast<size_t>(c)].push_back(i);
-    }
-  }
-  for (auto& p : parts) std::sort(p.begin(), p.end());
-  lane = std::move(part_lane);
-  return parts;
-}
-
-// The parts of `g` worth compiling apart and running side by side on the
-// lanes: torch.compile's groups (engine.h's schedule_groups, the ops priced
-// by the plan's model), each on the lane the list schedule gives it, a
-// lane's groups joined into parts (join_along_lanes); `part_of` each node's
-// part. Empty where the parts are not predicted to beat one piece (each
-// paying a call), or there are more than kMaxParts.
 std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l, std::vector<int>& part_lane,
                                               std::vector<int>& part_of) {
   part_lane.clear();
@@ -377,30 +281,9 @@ std::vector<std::vector<int>> split_for_lanes(const ir::Graph& g, const Lanes& l
   const plan::CostModel cm = cost_model();
   const plan::Estimate est = plan::estimate(g, l.topo, cm);
   std::vector<double> cost(g.size());
-  double total = 0;
   const int threads = l.topo.threads_per_lane(lanes);
-  for (size_t i = 0; i < g.size(); ++i) total += cost[i] = plan::node_seconds(est.work.at(i), cm, threads);
-  double makespan = 0;
-  const auto groups = schedule_groups(cost, g.deps, lanes, part_lane, makespan, /*siblings=*/true);
-  if (groups.size() < 2) return {};
-  auto parts = join_along_lanes(g, groups, part_lane);
-  if (parts.size() < 2 || parts.size() > kMaxParts) return {};
-  // The parts' own schedule: each pays one call, and waits for the parts
-  // it reads and its lane's previous part.
-  PricedPieces priced = price_pieces(parts, cost, g.deps);
-  for (size_t c = 0; c < parts.size(); ++c)
-    for (size_t d = c; d-- > 0;)
-      if (part_lane[d] == part_lane[c]) {
-        auto& pp = priced.preds[c];
-        if (std::find(pp.begin(), pp.end(), static_cast<int>(d)) == pp.end()) pp.push_back(static_cast<int>(d));
-        break;
-      }
-  if (!worth_splitting(partition_makespan(priced.seconds, priced.preds, lanes), total)) {
-    part_lane.clear();
-    return {};
-  }
-  part_of = std::move(priced.piece_of);
-  return parts;
+  for (size_t i = 0; i < g.size(); ++i) cost[i] = plan::node_seconds(est.work.at(i), cm, threads);
+  return plan::split_along_lanes(l.topo, cm, cost, g.deps, part_lane, part_of);
 }
 
 // The request for the nodes `nodes` of `g` (ascending): its leaves are the

@@ -4,7 +4,9 @@
 #include "capture/lazy_tensor.h"
 #include "ir/graph.h"
 #include "plan/groups.h"
+#include "plan/pieces.h"
 #include "plan/plan.h"
+#include "plan/ranks.h"
 #include "plan/topology.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -69,6 +71,62 @@ TEST(Schedule, TasksAreListScheduledAsPlansAre) {
   EXPECT_THROW(plan::make_tasks({1, 1}, {{}}), c10::Error);
 }
 
+TEST(Pieces, PricesSumTheirNodesAndReadOtherPieces) {
+  // 0 -> 1 -> 3, 0 -> 2 -> 3; pieces {0, 1}, {2}, {3}.
+  auto priced = plan::price_pieces({{0, 1}, {2}, {3}}, {1, 2, 3, 4}, {{}, {0}, {0}, {1, 2}});
+  EXPECT_EQ(priced.seconds, (std::vector<double>{3, 3, 4}));
+  EXPECT_EQ(priced.preds[0], std::vector<int>{});
+  EXPECT_EQ(priced.preds[1], std::vector<int>{0});
+  EXPECT_EQ(priced.preds[2], (std::vector<int>{0, 1}));
+  EXPECT_EQ(priced.piece_of, (std::vector<int>{0, 0, 1, 2}));
+}
+
+TEST(Pieces, ALanesGroupsJoinUntilOneReadsAnotherLane) {
+  // Groups 0, 1 on lane 0 (a chain), 2 on lane 1, then 3 on lane 0
+  // reading 1 and 2: 0 and 1 join; 3 reads lane 1's part, which the
+  // current part does not wait for, so it starts lane 0's next part.
+  std::vector<std::vector<int>> deps{{}, {0}, {}, {1, 2}};
+  std::vector<int> lane{0, 0, 1, 0};
+  auto parts = plan::join_along_lanes(deps, {{0}, {1}, {2}, {3}}, lane);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(parts[1], std::vector<int>{2});
+  EXPECT_EQ(parts[2], std::vector<int>{3});
+  EXPECT_EQ(lane, (std::vector<int>{0, 1, 0}));
+  // A trunk read by another lane's head ends its part there (the head
+  // waits for the trunk, not for the head after it on the trunk's lane).
+  deps = {{}, {0}, {0}};
+  lane = {0, 0, 1};
+  parts = plan::join_along_lanes(deps, {{0}, {1}, {2}}, lane);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0], std::vector<int>{0});
+  EXPECT_EQ(lane, (std::vector<int>{0, 0, 1}));
+}
+
+TEST(Pieces, BranchesSplitAlongTheLanesOnlyWhenWorthTheirCalls) {
+  // Two heavy independent branches of 3 nodes and a light join.
+  std::vector<std::vector<int>> deps{{}, {0}, {1}, {}, {3}, {4}, {2, 5}};
+  std::vector<double> cost{1e-2, 1e-2, 1e-2, 1e-2, 1e-2, 1e-2, 1e-5};
+  auto topo = plan::make_topology({"cpu"}, 2, 2);
+  plan::CostModel cm;
+  cm.partition_call_s = 1e-5;
+  std::vector<int> part_lane, part_of;
+  auto parts = plan::split_along_lanes(topo, cm, cost, deps, part_lane, part_of);
+  ASSERT_GE(parts.size(), 2u);
+  ASSERT_EQ(part_lane.size(), parts.size());
+  EXPECT_NE(part_lane[part_of[0]], part_lane[part_of[3]]);  // the branches on both lanes
+  EXPECT_EQ(part_of[0], part_of[2]);                         // each branch one part
+  // Calls dearer than the work: one piece.
+  cm.partition_call_s = 1.0;
+  EXPECT_TRUE(plan::split_along_lanes(topo, cm, cost, deps, part_lane, part_of).empty());
+  EXPECT_TRUE(part_lane.empty());
+  // One lane: nothing to split over.
+  cm.partition_call_s = 1e-5;
+  EXPECT_TRUE(plan::split_along_lanes(plan::make_topology({"cpu"}, 1, 2), cm, cost, deps, part_lane, part_of).empty());
+  EXPECT_TRUE(plan::worth_splitting(1.0, 1.2, cm));
+  EXPECT_FALSE(plan::worth_splitting(1.0, 1.1, cm));
+}
+
 TEST(OpWork, DescribedOpsArePricedByTheRulesOfRecordedOps) {
   std::vector<ir::Output> out{output({64, 32})};
   // Views move nothing.
@@ -98,6 +156,40 @@ TEST(OpWork, DescribedOpsArePricedByTheRulesOfRecordedOps) {
   EXPECT_EQ(recorded.flops, 2.0 * 64 * 48 * 32);
   EXPECT_EQ(described.flops, recorded.flops);
   EXPECT_EQ(described.bytes, recorded.bytes);
+  torch_mgpu::synchronize();
+}
+
+TEST(Ranks, NodesAWorkerCannotBeSentRunHere) {
+  // Two branches planned on a worker's lane and this process's: a node the
+  // predicate refuses moves to this process's lane, and the plan is
+  // re-simulated there.
+  torch::manual_seed(1);
+  auto x = torch::randn({64, 64}).to(torch_mgpu::device());
+  auto y = torch::randn({64, 64}).to(torch_mgpu::device());
+  auto a = torch::tanh(x.mm(x));
+  auto b = torch::sigmoid(y.mm(y));
+  ir::Graph g = ir::build_graph({capture::buffer_of(a)->value, capture::buffer_of(b)->value});
+  auto topo = plan::make_topology({"cpu", "cpu"}, 1, 2);
+  topo.lanes[1].rank = 1;
+  topo.remote = true;
+  plan::CostModel cm;
+  plan::Plan p = plan::make_plan(g, topo, cm, "heft");
+  for (size_t i = 0; i < g.size(); ++i) p.lane_of[i] = 1;  // everything on the worker
+  plan::simulate(g, topo, cm, p);
+  const ir::Node* refused = nullptr;
+  for (const auto& n : g.nodes)
+    if (n->name == "aten::sigmoid") refused = n.get();
+  ASSERT_NE(refused, nullptr);
+  plan::place_for_ranks(g, topo, cm, {}, p, [&](const ir::Node& n) { return &n != refused; });
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g.nodes[i].get() == refused) EXPECT_EQ(p.lane_of[i], 0);
+    const auto& order = p.lane_order[p.lane_of[i]];
+    EXPECT_NE(std::find(order.begin(), order.end(), static_cast<int>(i)), order.end()) << "node " << i;
+  }
+  size_t ordered = 0;
+  for (const auto& order : p.lane_order) ordered += order.size();
+  EXPECT_EQ(ordered, g.size());
+  EXPECT_GT(p.predicted_makespan, 0.0);
   torch_mgpu::synchronize();
 }
 
