@@ -250,11 +250,10 @@ struct Worker {
     return p;
   }
 
-  // A lane's program: its inputs come with it or after it (Import /
-  // Missing, in the order its steps need them); each step's exported
-  // outputs go back as soon as it has run, and its error if it fails; End
-  // gives every step's status and times, and the results.
-  void exec(Reader& r, std::vector<c10::Storage>& blobs) {
+  // The program a request names (its structure read where it comes with
+  // it), with this run's values patched into its steps; first the kept
+  // values the request drops and adds, and the programs it forgets.
+  Program& program_of(Reader& r, std::vector<c10::Storage>& blobs) {
     size_t b = 0;
     const auto dead = r.get<uint64_t>();
     for (uint64_t k = 0; k < dead; ++k) store.erase(r.get<int64_t>());
@@ -277,7 +276,6 @@ struct Worker {
     for (auto& id : params) id = r.get<int64_t>();
     for (auto& st : prog.steps) {
       patch_node(*st.node, st.holes, r);
-
       st.kept.clear();
       for (auto ref : st.refs) {
         if (ref >= 0) continue;
@@ -287,42 +285,75 @@ struct Worker {
       }
     }
     TORCH_CHECK(r.done(), "torch_mgpu: a program's values have bytes left over");
-    auto& steps = prog.steps;
-    // Where the steps run: this rank's CPU, or one of its CUDA devices
-    // (each step on the device's current stream, waited for after it: a
-    // step's error and times are its own).
-    const c10::Device device = prog.device;
-    Place here;
-    here.device = device;
-    std::optional<c10::DeviceGuard> on_device;
-    if (!device.is_cpu()) {
-      on_device.emplace(device);
-      here.stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-      here.streams = true;
-    }
-    slots.assign(prog.slots, c10::Storage());
+    return prog;
+  }
+
+  // One run of a program here: where its steps run, its slots and where
+  // each one's value is, and what End reports.
+  struct ProgramRun {
     enum : char { Absent, Present, Lost };
-    std::vector<char> state(slots.size(), Absent);
-    for (auto [slot, nbytes] : prog.allocs) {
-      slots[slot] = device.is_cpu() ? allocate(nbytes) : placeholder(nbytes);
-      state[slot] = Present;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    Worker& wk;
+    const Program& prog;
+    Place here;
+    std::optional<c10::DeviceGuard> on_device;
+    std::vector<char> state;  // per slot
     // Inputs other workers send: by (rank, key), each rank's in the order
     // it sends them. A rank that goes away loses what it had to send.
-    std::vector<int> peer_of(slots.size(), -1);
+    std::vector<int> peer_of;
     std::map<std::pair<int, int64_t>, int64_t> peer_slot;
-    for (const auto& in : prog.from_peers) {
-      peer_of[in.slot] = in.peer;
-      peer_slot[{in.peer, in.key}] = in.slot;
+    // Each slot's last reader: it is freed after it, unless it is a result
+    // (sent with End). A failure keeps every slot, for the reads the
+    // controller then makes.
+    std::vector<int64_t> last_use;
+    std::vector<char> result;
+    bool any_failed = false;
+    std::vector<c10::Storage> results;
+    Writer result_ids, end;
+    std::chrono::steady_clock::time_point t0;
+
+    // Where the steps run: this rank's CPU, or one of its CUDA devices (each
+    // step on the device's current stream, waited for after it: a step's
+    // error and times are its own).
+    ProgramRun(Worker& w, const Program& p) : wk(w), prog(p) {
+      here.device = prog.device;
+      if (!prog.device.is_cpu()) {
+        on_device.emplace(prog.device);
+        here.stream = c10::impl::VirtualGuardImpl(prog.device.type()).getStream(prog.device);
+        here.streams = true;
+      }
+      auto& slots = wk.slots;
+      slots.assign(prog.slots, c10::Storage());
+      state.assign(slots.size(), Absent);
+      for (auto [slot, nbytes] : prog.allocs) {
+        slots[slot] = prog.device.is_cpu() ? allocate(nbytes) : placeholder(nbytes);
+        state[slot] = Present;
+      }
+      t0 = std::chrono::steady_clock::now();
+      peer_of.assign(slots.size(), -1);
+      for (const auto& in : prog.from_peers) {
+        peer_of[in.slot] = in.peer;
+        peer_slot[{in.peer, in.key}] = in.slot;
+      }
+      last_use.assign(slots.size(), -1);
+      result.assign(slots.size(), 0);
+      for (size_t s = 0; s < prog.steps.size(); ++s) {
+        for (auto ref : prog.steps[s].refs)
+          if (ref >= 0) last_use[ref] = static_cast<int64_t>(s);
+        for (size_t k = 0; k < prog.steps[s].outs.size(); ++k)
+          if (prog.steps[s].exported[k] == 2) result[prog.steps[s].outs[k]] = 1;
+      }
     }
-    auto next_from_peer = [&](int peer) {
+
+    double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+
+    // The next value worker `peer` sends this program.
+    void next_from_peer(int peer) {
+      auto& slots = wk.slots;
       try {
-        TORCH_CHECK(!distrusted.count(peer), "torch_mgpu: rank ", peer, " was lost before");
+        TORCH_CHECK(!wk.distrusted.count(peer), "torch_mgpu: rank ", peer, " was lost before");
         Msg kind{};
         std::vector<c10::Storage> got;
-        std::string body = receive_message(*backend, peer, kToPeer, kind, &got, timeout());
+        std::string body = receive_message(*wk.backend, peer, kToPeer, kind, &got, timeout());
         Reader pr(body);
         auto it = peer_slot.find({peer, pr.get<int64_t>()});
         TORCH_CHECK(it != peer_slot.end(), "torch_mgpu: rank ", peer, " sent a value this program does not read");
@@ -341,20 +372,19 @@ struct Worker {
         // That worker went away (Gloo raises its I/O errors as they come),
         // or its messages are out of step: what it had to send is lost,
         // and it is not listened to again.
-        distrusted.insert(peer);
+        wk.distrusted.insert(peer);
         for (size_t k = 0; k < slots.size(); ++k)
           if (peer_of[k] == peer && state[k] == Absent) state[k] = Lost;
       }
-    };
-    // A program that could not be built here: the values it would have
-    // sent other workers will not come.
-    for (auto [peer, k] : prog.missing) send_to_peer(peer, Msg::Missing, k, {});
-    // Waits for the controller's next input of this run.
-    auto next_input = [&] {
+    }
+
+    // The controller's next input of this run.
+    void next_input() {
+      auto& slots = wk.slots;
       Msg kind{};
       std::vector<c10::Storage> got;
       // As long as the controller's lanes take: its death closes the connection.
-      std::string body = receive_message(*backend, 0, kToWorker, kind, &got, forever());
+      std::string body = receive_message(*wk.backend, 0, kToWorker, kind, &got, forever());
       Reader ir(body);
       const auto slot = ir.get<int64_t>();
       TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots.size()), "torch_mgpu: an input for slot ", slot,
@@ -367,98 +397,96 @@ struct Worker {
                     " came while a program ran");
         state[slot] = Lost;
       }
-    };
-    // Each run slot's last reader: it is freed after it, unless it is a
-    // result (sent with End). A failure keeps every slot, for the reads
-    // the controller then makes.
-    std::vector<int64_t> last_use(slots.size(), -1);
-    std::vector<char> result(slots.size(), 0);
-    for (size_t s = 0; s < steps.size(); ++s) {
-      for (auto ref : steps[s].refs)
-        if (ref >= 0) last_use[ref] = static_cast<int64_t>(s);
-      for (size_t k = 0; k < steps[s].outs.size(); ++k)
-        if (steps[s].exported[k] == 2) result[steps[s].outs[k]] = 1;
     }
-    bool any_failed = false;
-    std::vector<c10::Storage> results;
-    Writer result_ids;
-    Writer end;
-    for (size_t s = 0; s < steps.size(); ++s) {
-      Step& st = steps[s];
-      uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
-      // Its operands where they are kept (a run's slot, or a value kept
-      // from run to run), moved to the device when the step runs.
+
+    // Where step `st`'s operands are kept (a run's slot, or a value kept
+    // from run to run), each waited for; `status` 3 if one was lost.
+    // Every input the controller sends is taken, even for a step that will
+    // not run: what is left unread would be taken as the next request.
+    std::vector<c10::Storage*> operands_of(const Step& st, uint8_t& status) {
       std::vector<c10::Storage*> where;
-      std::vector<c10::Storage> operands;
       size_t kept = 0;
       for (auto ref : st.refs) {
         if (ref >= 0) {
-          // Every input the controller sends is taken, even for a step
-          // that will not run: what is left unread would be taken as the
-          // next request.
           while (state[ref] == Absent) peer_of[ref] >= 0 ? next_from_peer(peer_of[ref]) : next_input();
           if (state[ref] == Lost) status = 3;
-          else where.push_back(&slots[ref]);
+          else where.push_back(&wk.slots[ref]);
         } else {
-          where.push_back(&value(-st.kept[kept++]));
+          where.push_back(&wk.value(-st.kept[kept++]));
         }
       }
+      return where;
+    }
+
+    // Runs step s on its operands (moved to the device first: a copy there
+    // that fails, such as one out of memory, fails the step); its exported
+    // outputs go back now, its results with End. Returns the outputs other
+    // workers read, in host memory (a copy that fails fails the step); on
+    // failure `status` 2, and the error goes back.
+    std::vector<c10::Storage> run(size_t s, const std::vector<c10::Storage*>& where, std::vector<c10::Storage> operands,
+                                  uint8_t& status) {
+      const Step& st = prog.steps[s];
+      std::vector<c10::Storage> forwarded;
+      try {
+        for (size_t k = 0; k < where.size(); ++k) operands[k] = on(*where[k], prog.device);
+        std::vector<c10::Storage> out;
+        {
+          ir::CallStateGuard settings(st.node->state);
+          out = run_node(*st.node, std::move(operands), st.reuse, here);
+          if (here.streams) here.stream.synchronize();
+        }
+        forwarded.assign(out.size(), c10::Storage());
+        for (size_t k = 0; k < out.size(); ++k)
+          if (!st.forward[k].empty()) forwarded[k] = host(out[k]);
+        std::vector<c10::Storage> sent;
+        Writer w;
+        w.put<uint32_t>(static_cast<uint32_t>(s));
+        for (size_t k = 0; k < out.size(); ++k) {
+          wk.slots[st.outs[k]] = out[k];
+          state[st.outs[k]] = Present;
+          if (st.exported[k] == 1) {
+            w.put<uint32_t>(static_cast<uint32_t>(k));
+            sent.push_back(host(out[k]));
+          } else if (st.exported[k] == 2) {
+            result_ids.put<uint32_t>(static_cast<uint32_t>(s));
+            result_ids.put<uint32_t>(static_cast<uint32_t>(k));
+            results.push_back(host(out[k]));
+          }
+        }
+        if (!sent.empty()) send_message(*wk.backend, 0, kToController, Msg::Export, w.bytes(), sent, &wk.pending);
+      } catch (const c10::DistError&) {
+        throw;  // the connection, not the op
+      } catch (const std::exception& e) {
+        status = 2;
+        Writer w;
+        w.put<uint32_t>(static_cast<uint32_t>(s));
+        write_error(w, e);
+        wk.answer(Msg::Failed, w.bytes(), {});
+      }
+      return forwarded;
+    }
+
+    // Step s: its operands, its run, its outputs to other workers (a
+    // failed step's: word that they will not come), its slots freed after
+    // their last use, its status and times for End.
+    void step(size_t s) {
+      const Step& st = prog.steps[s];
+      uint8_t status = 1;  // 1 ran, 2 failed, 3 skipped (an input was lost)
+      const std::vector<c10::Storage*> where = operands_of(st, status);
+      std::vector<c10::Storage> operands;
       for (auto* w : where) operands.push_back(*w);
       if (status == 1) check_views(st, operands);
       const double start = now();  // its inputs are here
       std::vector<c10::Storage> forwarded;
-      if (status == 1) {
-        try {
-          // (On a device, a copy there that fails, such as one out of
-          // memory, fails the step.)
-          for (size_t k = 0; k < where.size(); ++k) operands[k] = on(*where[k], device);
-          std::vector<c10::Storage> out;
-          {
-            ir::CallStateGuard settings(st.node->state);
-            out = run_node(*st.node, std::move(operands), st.reuse, here);
-            if (here.streams) here.stream.synchronize();
-          }
-          // What other workers read, in host memory (before anything is
-          // sent: a copy that fails fails the step).
-          forwarded.assign(out.size(), c10::Storage());
-          for (size_t k = 0; k < out.size(); ++k)
-            if (!st.forward[k].empty()) forwarded[k] = host(out[k]);
-          std::vector<c10::Storage> sent;
-          Writer w;
-          w.put<uint32_t>(static_cast<uint32_t>(s));
-          for (size_t k = 0; k < out.size(); ++k) {
-            slots[st.outs[k]] = out[k];
-            state[st.outs[k]] = Present;
-            if (st.exported[k] == 1) {
-              w.put<uint32_t>(static_cast<uint32_t>(k));
-              sent.push_back(host(out[k]));
-            } else if (st.exported[k] == 2) {
-              result_ids.put<uint32_t>(static_cast<uint32_t>(s));
-              result_ids.put<uint32_t>(static_cast<uint32_t>(k));
-              results.push_back(host(out[k]));
-            }
-          }
-          if (!sent.empty()) send_message(*backend, 0, kToController, Msg::Export, w.bytes(), sent, &pending);
-        } catch (const c10::DistError&) {
-          throw;  // the connection, not the op
-        } catch (const std::exception& e) {
-          status = 2;
-          Writer w;
-          w.put<uint32_t>(static_cast<uint32_t>(s));
-          write_error(w, e);
-          answer(Msg::Failed, w.bytes(), {});
-        }
-      }
-      // Outputs other workers read go to them now (a failed step's: word
-      // that they will not come).
+      if (status == 1) forwarded = run(s, where, std::move(operands), status);
       for (size_t k = 0; k < st.outs.size(); ++k)
         for (int peer : st.forward[k])
-          status == 1 ? send_to_peer(peer, Msg::Import, st.keys[k], {forwarded[k]})
-                      : send_to_peer(peer, Msg::Missing, st.keys[k], {});
+          status == 1 ? wk.send_to_peer(peer, Msg::Import, st.keys[k], {forwarded[k]})
+                      : wk.send_to_peer(peer, Msg::Missing, st.keys[k], {});
       if (status == 3) {
         Writer w;
         w.put<uint32_t>(static_cast<uint32_t>(s));
-        answer(Msg::Skipped, w.bytes(), {});
+        wk.answer(Msg::Skipped, w.bytes(), {});
       }
       if (status != 1) {
         any_failed = true;
@@ -466,22 +494,39 @@ struct Worker {
       }
       if (!any_failed) {
         for (auto ref : st.refs)
-          if (ref >= 0 && last_use[ref] == static_cast<int64_t>(s) && !result[ref]) slots[ref] = c10::Storage();
+          if (ref >= 0 && last_use[ref] == static_cast<int64_t>(s) && !result[ref]) wk.slots[ref] = c10::Storage();
         for (auto o : st.outs)
-          if (last_use[o] < 0 && !result[o]) slots[o] = c10::Storage();
+          if (last_use[o] < 0 && !result[o]) wk.slots[o] = c10::Storage();
       }
       end.put<uint8_t>(status);
       end.put<double>(start);
       end.put<double>(now());
     }
+
     // Every value other workers send this program is taken (a program of
-    // no steps takes them here).
-    for (size_t k = 0; k < slots.size(); ++k)
-      while (peer_of[k] >= 0 && state[k] == Absent) next_from_peer(peer_of[k]);
-    end.bytes() += result_ids.bytes();
-    answer(Msg::End, end.bytes(), results);
-    reap_peer_sends();
-    if (!any_failed) slots.clear();
+    // no steps takes them here); then End, with the results.
+    void finish() {
+      for (size_t k = 0; k < wk.slots.size(); ++k)
+        while (peer_of[k] >= 0 && state[k] == Absent) next_from_peer(peer_of[k]);
+      end.bytes() += result_ids.bytes();
+      wk.answer(Msg::End, end.bytes(), results);
+      wk.reap_peer_sends();
+      if (!any_failed) wk.slots.clear();
+    }
+  };
+
+  // A lane's program: its inputs come with it or after it (Import /
+  // Missing, in the order its steps need them); each step's exported
+  // outputs go back as soon as it has run, and its error if it fails; End
+  // gives every step's status and times, and the results.
+  void exec(Reader& r, std::vector<c10::Storage>& blobs) {
+    const Program& prog = program_of(r, blobs);
+    ProgramRun run(*this, prog);
+    // A program that could not be built here: the values it would have
+    // sent other workers will not come.
+    for (auto [peer, k] : prog.missing) send_to_peer(peer, Msg::Missing, k, {});
+    for (size_t s = 0; s < prog.steps.size(); ++s) run.step(s);
+    run.finish();
   }
 };
 
