@@ -6,7 +6,7 @@
 // it is predicted to beat one lane; never worse than heft by prediction).
 #include "ir/graph.h"
 #include "plan/fusion.h"
-#include "plan/topology.h"
+#include "plan/cost_model.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 #pragma once
-#include "plan/topology.h"
+#include "plan/cost_model.h"
 
 #include <c10/core/Device.h>
 

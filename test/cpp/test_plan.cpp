@@ -7,7 +7,7 @@
 #include "plan/pieces.h"
 #include "plan/plan.h"
 #include "plan/ranks.h"
-#include "plan/topology.h"
+#include "plan/cost_model.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
