@@ -1472,3 +1472,25 @@ def test_a_zero_nll_loss_in_compiled_code_has_eagers_sign(tiered, no_trial, redu
     tiers = run_hot(f, [x, x1, w, t, t1])
     assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
     assert torch.isinf(f(x, x1, w, t, t1)[0]).all()  # the case the test is about
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_of_inf_in_compiled_code_is_eagers(tiered, no_trial, dtype):
+    # Eager's CPU gelu of a contiguous float32 or bfloat16 tensor of two or
+    # more elements (its oneDNN path) gives NaN for +inf; its scalar path
+    # (one element, a strided tensor) gives +inf, as inductor's code does
+    # (difffuzz seed 3936822: a cumsum reaching +inf, then gelu).
+    def f(x, y):
+        big = torch.nn.functional.gelu(x * 1.0)
+        one = torch.nn.functional.gelu(x[2:3] * 1.0)
+        strided = torch.nn.functional.gelu((x * 1.0)[::2])
+        inplace = y * 1.0
+        torch.ops.aten.gelu_(inplace)
+        return big, one, strided, inplace
+
+    x = torch.tensor([0.47, -0.08, float("inf"), 1.5, -float("inf"), 2.0]).to(dtype)
+    y = torch.tensor([[float("inf"), 0.3], [0.25, -1.0]]).to(dtype)
+    tiers = run_hot(f, [x, y])
+    assert tiers[-1] == 1, torch_mgpu._C._tier_last_error()
+    big, one, strided, inplace = f(x, y)
+    assert big[2].isnan() and one[0].isinf() and inplace[0, 0].isnan()  # the cases the test is about

@@ -397,6 +397,51 @@ def _nll_loss_formula(node):
     return _WholeCall(functools.partial(_eager_nll_loss, _op(node["op"], node["overload"]), names), names)
 
 
+def _contiguous(geom):
+    """Whether a geometry is contiguous as torch's is_contiguous() says
+    (sizes of 1 and empty tensors take any stride)."""
+    expected = 1
+    for size, stride in reversed(list(zip(geom.sizes, geom.strides))):
+        if size == 0:
+            return True
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _eager_gelu(names, *vals):
+    """gelu (the erf form) as eager's CPU kernel computes it on a
+    contiguous float32 or bfloat16 tensor of two or more elements (its
+    oneDNN path): NaN for +inf, where the formula inductor compiles gives
+    +inf (difffuzz seed 3936822). Out of place, so that +inf is read from
+    the input before an in-place gelu_ writes it."""
+    a = dict(zip(names, vals))
+    x = a["self"]
+    out = torch.ops.aten.gelu.default(x, approximate="none")
+    return torch.where(x == float("inf"), torch.full_like(out, float("nan")), out)
+
+
+def _gelu_formula(node):
+    """For gelu and gelu_ (the erf form) where eager's kernel takes its
+    oneDNN path: _eager_gelu. Its scalar path (one element, a strided
+    tensor, half precision, float64) gives +inf, as inductor's code does."""
+    names = [a.name for a in node["args"]]
+    if node["op"] not in ("aten::gelu", "aten::gelu_") or "out" in names:
+        return None
+    if "approximate" in names:
+        approximate = node["args"][names.index("approximate")]
+        if approximate.kind != "c" or approximate.value != "none":
+            return None
+    x = node["args"][0]
+    if x.kind != "t" or x.value.geom.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    geom = x.value.geom
+    if math.prod(geom.sizes) < 2 or not _contiguous(geom):
+        return None
+    return _WholeCall(functools.partial(_eager_gelu, names), names)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -417,6 +462,9 @@ def _eager_formula(node):
     nll_loss = _nll_loss_formula(node)
     if nll_loss is not None:
         return nll_loss
+    gelu = _gelu_formula(node)
+    if gelu is not None:
+        return gelu
     fma = _fma_formula(node)
     if fma is not None:
         return fma
