@@ -1685,6 +1685,66 @@ def close_as_viewed_floats(prog, name, a, b):
     return True
 
 
+# Statements whose result jumps where an operand crosses a point (an
+# integer, a multiple of the divisor, the other operand): an operand that
+# compiled code rounded otherwise, within the loosened tolerance, may fall
+# on the other side of it.
+_STEP_TAGS = frozenset(["binary//", "binary%", "binary==", "binary<", "binary>=", "binary!=", "binary.fmod",
+                        "binary.remainder", "binary.eq", "binary.floor_divide", "unary.floor", "unary.ceil",
+                        "unary.round", "unary.trunc", "unary.sign", "unary.frac"])
+
+
+def inexact_floats(ref, got):
+    """The names whose floating values mgpu computed within the tolerance
+    the configuration loosens, but not bit for bit (NaNs equal). None where
+    the tolerance is eager's own."""
+    if TOLERANCE["rtol"] == 0 and TOLERANCE["atol"] == 0:
+        return None
+    out = set()
+    for name, a in ref.values.items():
+        b = got.values.get(name)
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point() \
+                and a.dtype == b.dtype and a.shape == b.shape and not torch.equal(a.nan_to_num(), b.nan_to_num()) \
+                and differ(a, b) is None:
+            out.add(name)
+    return out
+
+
+def stepped_over(prog, i, inexact):
+    """Whether statement i is a step (_STEP_TAGS) of a float operand that
+    mgpu computed within the loosened tolerance but not bit for bit: its
+    result may then differ by a whole step (difffuzz seed 3937123: the mean
+    of a batch norm's result, about 1e-8 either side of 0, floor-divided)."""
+    return inexact is not None and prog.stmts[i].tag in _STEP_TAGS and bool(prog.stmts[i].loads & inexact)
+
+
+def near_a_half_rsqrt(prog, ref, name, a, b):
+    """Whether `name`, computed from a half or bfloat16 rsqrt, is within
+    eight units in the last place of its dtype under a loosened tolerance:
+    eager's own half rsqrt rounds twice (1 / sqrt, each rounded) in its
+    scalar loop and once in its vector loop (which elements take which
+    depends on the tensor's size, layout and the machine's vector width),
+    where compiled code rounds once (difffuzz seed 3936884: a gradient of
+    rsqrt three units apart). docs/NUMERICS.md."""
+    if TOLERANCE["rtol"] == 0 and TOLERANCE["atol"] == 0:
+        return False
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype \
+            or a.shape != b.shape or a.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    halves = {j: st.stores for j, st in enumerate(prog.stmts)
+              if st.tag == "unary.rsqrt" and any(isinstance(ref.values.get(n), torch.Tensor)
+                                                 and ref.values[n].dtype in (torch.float16, torch.bfloat16)
+                                                 for n in st.stores)}
+    if not halves or name not in tainted(prog, halves):
+        return False
+    eps = torch.finfo(a.dtype).eps
+    try:
+        torch.testing.assert_close(b, a, rtol=8 * eps, atol=TOLERANCE["atol"], equal_nan=True)
+    except AssertionError:
+        return False
+    return True
+
+
 def surfaced_at_a_sync(error, got, i):
     """Whether eager's `error` at statement i, which mgpu did not raise at
     the call, was raised by mgpu at a later sync point, with eager's class
@@ -1744,6 +1804,7 @@ def compare(prog, ref, got):
         for name, m in a.items():
             if b.get(name) != m:
                 at_stmt.append(Mismatch(i, name, "metadata", tag, f"cpu {m}, mgpu {b.get(name)}"))
+    inexact = inexact_floats(ref, got)
     for name, a in ref.values.items():
         if name not in got.values:
             continue
@@ -1761,7 +1822,9 @@ def compare(prog, ref, got):
                 at_end.append(m)
             continue
         why = differ(a, b)
-        if why and not close_as_viewed_floats(prog, name, a, b):
+        if why and not close_as_viewed_floats(prog, name, a, b) and not near_a_half_rsqrt(prog, ref, name, a, b):
+            if stepped_over(prog, i, inexact):
+                documented.append(i)  # what reads it follows from it (primary())
             at_end.append(Mismatch(i, name, "value", prog.stmts[i].tag, why))
     at_end.sort(key=lambda m: m.index)
     if got.sync is not None and ref.sync is None:

@@ -419,3 +419,46 @@ def test_a_dtype_view_inside_an_operand_counts_as_a_dtype_view_in_tier_1():
     got.values["v3"] = ref.values["v3"] + 1
     with difffuzz.configured(difffuzz.TIER1):
         assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3"]
+
+
+def test_a_step_of_a_float_that_compiled_code_rounded_otherwise_is_documented_in_tier_1():
+    # The mean of a batch norm's result, about 1e-8 either side of 0 as
+    # compiled code or eager adds it, floor-divided (seed 3937123): a whole
+    # step apart. Documented where the operand is within the loosened
+    # tolerance and not bit for bit; what reads the step follows from it.
+    # Not where the operand is the same bits, nor under eager's tolerance.
+    prog = Program(0, [Stmt("v0 = torch.tensor([1e-9, -2.5, 3.5], device=dev)", "input"),
+                       Stmt("v1 = v0 * 1.0", "binary*"),
+                       Stmt("v2 = torch.floor_divide(v1, 3.0)", "binary.floor_divide"),
+                       Stmt("v3 = v2 + 1", "binary+"),
+                       Stmt("v4 = torch.floor(v0)", "unary.floor")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    got.values["v1"] = ref.values["v1"] * torch.tensor([-1.0, 1.0, 1.0])  # -1e-9: within 1e-4, other bits
+    got.values["v2"] = ref.values["v2"] - torch.tensor([1.0, 0.0, 0.0])
+    got.values["v3"] = ref.values["v3"] - torch.tensor([1.0, 0.0, 0.0])
+    got.values["v4"] = ref.values["v4"] - torch.tensor([1.0, 0.0, 0.0])  # its operand v0 is the same bits
+    with difffuzz.configured(difffuzz.TIER1):
+        assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, got))] == ["v4"]
+    assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, got))] == ["v2", "v4"]
+
+
+def test_what_a_half_rsqrt_reaches_is_compared_to_units_of_its_dtype_in_tier_1():
+    # Eager's half rsqrt rounds twice in its scalar loop, once in its vector
+    # loop; compiled code once (seed 3936884: a gradient three units apart).
+    # Within eight units of the dtype in tier 1, where a half rsqrt reaches;
+    # not further, not in float32, not under eager's own tolerance.
+    prog = Program(0, [Stmt("v0 = torch.tensor([1.36, 1.27], dtype=torch.float16, device=dev)", "input"),
+                       Stmt("v1 = torch.rsqrt(v0)", "unary.rsqrt"),
+                       Stmt("v2 = v1 * v1 * v1", "binary*"),
+                       Stmt("v3 = v0 * 3", "binary*")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    three_units = torch.tensor([0.0, 3 * 2.0 ** -12], dtype=torch.float16)
+    got.values["v2"] = ref.values["v2"] + three_units
+    got.values["v3"] = ref.values["v3"] + torch.tensor([0.0, 3 * 2.0 ** -9], dtype=torch.float16)
+    assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v2", "v3"]
+    with difffuzz.configured(difffuzz.TIER1):
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v3"]  # v3: no rsqrt reaches it
+        got.values["v2"] = ref.values["v2"] + 10 * three_units
+        assert [m.name for m in difffuzz.compare(prog, ref, got)] == ["v2", "v3"]
