@@ -93,37 +93,12 @@ std::vector<c10::Storage> run_on_host(const ir::Node& n, const std::vector<c10::
 }
 } // namespace
 
-std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
-                                   const std::vector<bool>& reuse, const Place& place) {
-  if (!runs_on(n, place)) return run_on_host(n, operands, place);
-  // Stream lanes watched by an observer (the sanitizer): what the node's
-  // work on its stream reads.
-  std::vector<const void*> stream_reads;
-  const bool watched = place.streams && observers().watches_streams();
-  if (watched)
-    for (const auto& s : operands) stream_reads.push_back(s.data());
-  // Each operand a distinct storage; writes go to a private copy unless the
-  // plan proved this node the value's only reader.
-  for (const auto& o : n.outputs)
-    if (o.mutated_operand >= 0 && !reuse[o.mutated_operand])
-      operands[o.mutated_operand] = copy_to(operands[o.mutated_operand], operands[o.mutated_operand].device());
-
-  // Scratch kept per thread (no allocation per node); emptied on the way
-  // out so that no tensor outlives the call.
-  thread_local torch::jit::Stack stack;
-  thread_local std::vector<at::Tensor> returned;
-  thread_local std::vector<at::Tensor> written;  // the views the op writes, as passed to it
-  struct Clear {
-    ~Clear() {
-      stack.clear();
-      returned.clear();
-      written.clear();
-    }
-  } clear_on_exit;
-  stack.clear();
-  returned.clear();
-  written.clear();
-  std::vector<at::Tensor> same;
+namespace {
+// The op's arguments on `stack`: constants as the lane takes them, tensors
+// as views of their operands' bytes (`same`: the tensors already made, one
+// per operand geometry, so that an op sees aliasing arguments alias).
+void push_arguments(const ir::Node& n, const std::vector<c10::Storage>& operands, const Place& place,
+                    torch::jit::Stack& stack, std::vector<at::Tensor>& same) {
   for (const auto& a : n.args) {
     switch (a.kind) {
       case ir::Arg::Kind::Constant:
@@ -147,10 +122,12 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       }
     }
   }
-  for (const auto& w : n.written) {
-    const c10::IValue& v = stack[w.arg];
-    written.push_back(w.element < 0 ? v.toTensor() : v.toTensorList().get(w.element));
-  }
+}
+
+// Calls the op's kernel on `stack` as eager would have at the call: below
+// autograd, with the caller's grad mode, no autocast again, no warnings
+// (given at the call), a seeded op's generator seeded and put back.
+void call_kernel(const ir::Node& n, torch::jit::Stack& stack, const Place& place) {
   {
     RECORD_FUNCTION("mgpu::" + std::string(n.name), std::vector<c10::IValue>());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -187,11 +164,15 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       n.op->callBoxed(&stack);
     }
   }
-  // Written arguments end with the geometry the mgpu tensors took at the
-  // call (Meta's). A CPU kernel that resized its out= argument may have
-  // given it another layout (kept its input's strides): its values are moved
-  // into the recorded geometry, so that the bytes mean what the mgpu tensor
-  // says they mean.
+}
+
+// Written arguments end with the geometry the mgpu tensors took at the
+// call (Meta's). A CPU kernel that resized its out= argument may have
+// given it another layout (kept its input's strides): its values are moved
+// into the recorded geometry, so that the bytes mean what the mgpu tensor
+// says they mean.
+void keep_written_layouts(const ir::Node& n, const std::vector<at::Tensor>& written,
+                          std::vector<c10::Storage>& operands, const Place& place) {
   for (size_t k = 0; k < n.written.size(); ++k) {
     const at::Tensor& t = written[k];
     const auto& want = n.written[k].after;
@@ -214,14 +195,13 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
     }
     view(bytes, want).copy_(values);
   }
-  // Flatten the returned tensors.
-  for (const auto& v : stack) {
-    if (v.isTensor()) returned.push_back(v.toTensor());
-    else if (v.isTensorList())
-      for (const auto& t : v.toTensorList()) returned.push_back(t);
-    else
-      returned.emplace_back();
-  }
+}
+
+// The bytes of each output: a written operand's, or a returned tensor's
+// (copied where its layout, its shape or its aliasing is not what Meta
+// promised; zeros where the kernel returned none, or an empty auxiliary).
+std::vector<c10::Storage> output_bytes(const ir::Node& n, const std::vector<at::Tensor>& returned,
+                                       const std::vector<c10::Storage>& operands, const Place& place) {
   std::vector<c10::Storage> out;
   out.reserve(n.outputs.size());
   for (const auto& o : n.outputs) {
@@ -270,6 +250,57 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
       out.push_back(r.storage());
     }
   }
+  return out;
+}
+} // namespace
+
+std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> operands,
+                                   const std::vector<bool>& reuse, const Place& place) {
+  if (!runs_on(n, place)) return run_on_host(n, operands, place);
+  // Stream lanes watched by an observer (the sanitizer): what the node's
+  // work on its stream reads.
+  std::vector<const void*> stream_reads;
+  const bool watched = place.streams && observers().watches_streams();
+  if (watched)
+    for (const auto& s : operands) stream_reads.push_back(s.data());
+  // Each operand a distinct storage; writes go to a private copy unless the
+  // plan proved this node the value's only reader.
+  for (const auto& o : n.outputs)
+    if (o.mutated_operand >= 0 && !reuse[o.mutated_operand])
+      operands[o.mutated_operand] = copy_to(operands[o.mutated_operand], operands[o.mutated_operand].device());
+
+  // Scratch kept per thread (no allocation per node); emptied on the way
+  // out so that no tensor outlives the call.
+  thread_local torch::jit::Stack stack;
+  thread_local std::vector<at::Tensor> returned;
+  thread_local std::vector<at::Tensor> written;  // the views the op writes, as passed to it
+  struct Clear {
+    ~Clear() {
+      stack.clear();
+      returned.clear();
+      written.clear();
+    }
+  } clear_on_exit;
+  stack.clear();
+  returned.clear();
+  written.clear();
+  std::vector<at::Tensor> same;
+  push_arguments(n, operands, place, stack, same);
+  for (const auto& w : n.written) {
+    const c10::IValue& v = stack[w.arg];
+    written.push_back(w.element < 0 ? v.toTensor() : v.toTensorList().get(w.element));
+  }
+  call_kernel(n, stack, place);
+  keep_written_layouts(n, written, operands, place);
+  // Flatten the returned tensors.
+  for (const auto& v : stack) {
+    if (v.isTensor()) returned.push_back(v.toTensor());
+    else if (v.isTensorList())
+      for (const auto& t : v.toTensorList()) returned.push_back(t);
+    else
+      returned.emplace_back();
+  }
+  std::vector<c10::Storage> out = output_bytes(n, returned, operands, place);
   if (watched) {
     std::vector<const void*> writes;
     for (const auto& s : out) writes.push_back(s.data());
