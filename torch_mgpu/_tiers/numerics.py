@@ -453,21 +453,10 @@ def _eager_formula(node):
     names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
-    batch_norm = _batch_norm_formula(node)
-    if batch_norm is not None:
-        return batch_norm
-    bool_min = _bool_min_formula(node)
-    if bool_min is not None:
-        return bool_min
-    nll_loss = _nll_loss_formula(node)
-    if nll_loss is not None:
-        return nll_loss
-    gelu = _gelu_formula(node)
-    if gelu is not None:
-        return gelu
-    fma = _fma_formula(node)
-    if fma is not None:
-        return fma
+    for find in (_batch_norm_formula, _bool_min_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
+        formula = find(node)
+        if formula is not None:
+            return formula
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
