@@ -37,7 +37,6 @@ import functools
 import itertools
 import os
 import re
-import statistics
 import threading
 import time
 import weakref
@@ -56,7 +55,6 @@ _graphs = weakref.WeakSet()  # every live CompiledGraph
 CHOICES = ("measure", "partitions", "whole")
 CHOICE = _C._env_text("TORCH_MGPU_COMPILE_CHOICE") or "measure"
 TRIALS = 5          # timed calls of each way (after an untimed first one)
-MARGIN = 1.05       # the partitions are kept only if this much faster
 
 
 class PartitionInfo:
@@ -186,16 +184,19 @@ def _meta_like(v):
 
 class _Choice:
     """Which way a split graph runs on host tensors: its partitions on the
-    lanes (0) or the whole graph as one inductor call (1). Until it is
-    decided the calls take turns; each way's first call is cold (plans,
-    caches) and not timed, then TRIALS timed calls each decide it."""
+    lanes (0) or the whole graph as one inductor call (1), measured by the
+    one trial rule (_C._Trial, csrc/ir/trial.h: the whole graph the
+    baseline, the partitions kept only if _C._margin_partitions times
+    faster). Until it is decided the calls take turns; each way's first
+    call is cold (plans, caches) and not timed, then TRIALS timed calls
+    each decide it."""
 
     NAMES = ("partitions", "whole")
+    _WAY = (1, 0)  # the trial's way of each of NAMES: the whole graph is its baseline
 
     def __init__(self, mode):
         self.lock = threading.Lock()
-        self.calls = [0, 0]
-        self.seconds = ([], [])
+        self.trial = _C._Trial(2, TRIALS, _C._margin_partitions)
         self.chosen = {"partitions": 0, "whole": 1}.get(mode)
 
     def next(self):
@@ -204,24 +205,24 @@ class _Choice:
         if chosen is not None:
             return chosen, False
         with self.lock:
-            k = 0 if self.calls[0] <= self.calls[1] else 1
-            self.calls[k] += 1
-            return k, self.calls[k] > 1
+            way = self.trial.turn()
+            return self._WAY.index(way), self.trial.call(way)
 
     def record(self, k, seconds):
         with self.lock:
             if self.chosen is not None:
                 return
-            self.seconds[k].append(seconds)
-            if min(map(len, self.seconds)) >= TRIALS:
-                parts, whole = map(statistics.median, self.seconds)
-                self.chosen = 0 if parts * MARGIN < whole else 1
+            self.trial.record(self._WAY[k], seconds)
+            if self.trial.all_timed():
+                self.chosen = 0 if self.trial.choose() == self._WAY[0] else 1
 
     def report(self):
         with self.lock:
+            def median(k):
+                way = self._WAY[k]
+                return self.trial.median(way) if self.trial.timed_runs(way) else None
             return {"choice": None if self.chosen is None else self.NAMES[self.chosen],
-                    "partitions_s": statistics.median(self.seconds[0]) if self.seconds[0] else None,
-                    "whole_s": statistics.median(self.seconds[1]) if self.seconds[1] else None}
+                    "partitions_s": median(0), "whole_s": median(1)}
 
 
 def compile_choices():

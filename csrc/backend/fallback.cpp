@@ -29,7 +29,7 @@ namespace {
 // does for CUDA: an error that depends on data is raised by the call that
 // caused it (for debugging: it gives up all parallelism).
 bool sync_each_op() {
-  static const bool on = ir::env::choice(ir::env::Var::Sync, {"op", "graph"}, "graph") == "op";
+  static const bool on = ir::env::choice(ir::env::Var::Sync) == "op";
   return on;
 }
 
@@ -74,7 +74,6 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
-  capture::full_probe_numel();  // an invalid TORCH_MGPU_FULL_PROBE_NUMEL raises here, not as a recording's failure
   bool background_safe = false;
   try {
     background_safe = capture::record(info, op, stack, cpu_as_meta, state, borrowed);
@@ -83,6 +82,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     // A SIGINT that Python code under the call (a Meta kernel written in
     // Python) took as KeyboardInterrupt stops the program: no eager rerun.
     if (capture::is_interrupt(e)) throw;
+    capture::error_handled(e);  // a Python kernel's error is no longer pending
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error. Over a
     // storage mgpu did not make it cannot: the recording's error is the call's.

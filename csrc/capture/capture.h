@@ -53,7 +53,7 @@ bool inferring_results();
 // a copy cut to 2 per dim. 16,384 unless TORCH_MGPU_FULL_PROBE_NUMEL sets it
 // (a count of elements, 0 or more; 0 sends every call down the large calls'
 // path, as the conformance harness's --large-path does). An invalid value
-// raises (at configure, and at each call recorded).
+// raises at the import of torch_mgpu (ir/env.h's check_all).
 int64_t full_probe_numel();
 
 } // namespace torch_mgpu::capture

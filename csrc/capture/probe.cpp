@@ -444,7 +444,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
 }
 
 int64_t full_probe_numel() {
-  static const int64_t limit = ir::env::integer(ir::env::Var::FullProbeNumel, int64_t{1} << 14, 0);
+  static const int64_t limit = ir::env::integer(ir::env::Var::FullProbeNumel, int64_t{1} << 14);
   return limit;
 }
 

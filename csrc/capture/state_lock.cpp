@@ -50,6 +50,9 @@ void drain_deferred() {
 void set_interpreter_lock(const InterpreterLock& hooks) { g_hooks = hooks; }
 
 bool is_interrupt(const std::exception& e) { return g_hooks.is_interrupt && g_hooks.is_interrupt(e); }
+void error_handled(const std::exception& e) {
+  if (g_hooks.handled) g_hooks.handled(e);
+}
 
 bool holds_state_lock() { return t_depth > 0; }
 

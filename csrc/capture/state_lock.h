@@ -31,12 +31,17 @@ struct InterpreterLock {
   // SIGINT, SystemExit) raised by Python code that ran under a call (a Meta
   // kernel registered from Python), rather than the call's error?
   bool (*is_interrupt)(const std::exception&) = nullptr;
+  // An error raised by Python code under a call that the caller handles
+  // (by rerunning the op on the CPU): no longer this thread's pending one.
+  void (*handled)(const std::exception&) = nullptr;
 };
 void set_interpreter_lock(const InterpreterLock& hooks);
 
 // Whether `e` is the interpreter's stop (see InterpreterLock::is_interrupt):
 // never taken for an op's error (no fallback, no retry), always rethrown.
 bool is_interrupt(const std::exception& e);
+// `e` (not an interrupt) is handled: see InterpreterLock::handled.
+void error_handled(const std::exception& e);
 
 // Holds the state lock for a scope (see above). Recursive.
 class StateLock {

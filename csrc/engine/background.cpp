@@ -109,7 +109,7 @@ struct Background {
   std::exception_ptr error;            // first error of a bound flight, for the next sync
   int64_t since_flush = 0;             // ops recorded since the last flush
   bool blocked = false;                // a pending node must not run in the background
-  int64_t threshold = ir::env::integer(ir::env::Var::AsyncOps, 256, 0);
+  int64_t threshold = ir::env::integer(ir::env::Var::AsyncOps, 256);
 };
 Background& background() {
   static auto* b = new Background();

@@ -73,8 +73,8 @@ void check_remote_devices(plan::Topology& t) {
   // figure is not the one to plan for (a link shared with other traffic);
   // TORCH_MGPU_NETWORK_LATENCY_US the latency (below). Both are checked
   // before anything is probed.
-  const std::optional<double> set_gbps = ir::env::positive_number(ir::env::Var::NetworkGbps, "GB/s");
-  const std::optional<double> set_latency_us = ir::env::positive_number(ir::env::Var::NetworkLatencyUs, "us");
+  const std::optional<double> set_gbps = ir::env::positive_number(ir::env::Var::NetworkGbps);
+  const std::optional<double> set_latency_us = ir::env::positive_number(ir::env::Var::NetworkLatencyUs);
   if (trips.empty()) return;
   // A value that crosses ranks mid-run also waits for the threads that
   // carry it (the transport's, the receiving lane's) to get a core while
@@ -121,9 +121,9 @@ Config::Config() {
     for (int k = 0; k < runtime::cuda_device_count(); ++k) devices.push_back("cuda:" + std::to_string(k));
     if (devices.empty()) devices.push_back("cpu");
   }
-  const auto lanes_per_device = ir::env::integer(ir::env::Var::Lanes, default_lanes(devices), 1);
+  const auto lanes_per_device = ir::env::integer(ir::env::Var::Lanes, default_lanes(devices));
   lanes = make_lanes(checked_topology(devices, static_cast<int>(lanes_per_device)),
-                     ir::env::choice(ir::env::Var::Policy, {"auto", "heft", "serial"}, "auto"));
+                     ir::env::choice(ir::env::Var::Policy));
   // A fork() while the background worker plans under `m` would leave it
   // held in the child, whose first sync needs it: fork waits for it.
   ir::on_fork(ir::ForkRank::Config, [] { config().m.lock(); }, [] { config().m.unlock(); }, [] { config().m.unlock(); });

@@ -1,6 +1,7 @@
 #pragma once
 // The lanes configured now and the plans made for them (internal to engine/).
 #include "ir/lru.h"
+#include "ir/trial.h"
 #include "engine/execution.h"
 
 #include <memory>
@@ -10,6 +11,8 @@
 #include <vector>
 
 namespace torch_mgpu::engine {
+
+constexpr int kRefineRuns = 3;
 
 // A cached plan, and what its first runs measured: after the first run
 // (cold: first touches of memory) kRefineRuns runs record each node's
@@ -28,7 +31,9 @@ struct CachedPlan {
   // A plan with lanes on other ranks, once refined, runs kRefineRuns more
   // times, then one lane (`trial`, planned with `scale`) as many: the
   // faster is kept. `kept`: the plan while the trial runs.
-  std::vector<double> scale, plan_times, trial_times;
+  std::vector<double> scale;
+  ir::Trial times = one_lane_trial();  // way 0 the plan, way 1 one lane
+  static ir::Trial one_lane_trial() { return ir::Trial(2, static_cast<size_t>(kRefineRuns), ir::margin::kOneLane); }
   std::shared_ptr<const plan::Plan> trial, kept;
 };
 

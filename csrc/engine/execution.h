@@ -1,6 +1,7 @@
 #pragma once
 // One execution of the pending graph, shared by the foreground sync
 // (sync.cpp) and background flights (background.cpp). Internal.
+#include "ir/trial.h"
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 
@@ -17,10 +18,7 @@ inline int64_t micros(clock::time_point a, clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
 }
 // The median of measured times (the upper one of an even count; `v` not empty).
-inline double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
+using ir::median;
 
 // Where graphs run: the lanes' topology, their places and the policy.
 // Never changed once made: configure() makes a new one.

@@ -16,7 +16,6 @@
 namespace torch_mgpu::engine {
 namespace {
 
-constexpr int kRefineRuns = 3;
 constexpr double kRefineOff = 1.5;
 // Nodes shorter than this, measured and predicted, keep scale 1: their times
 // are mostly the clock and the call.
@@ -109,9 +108,9 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
   if (e.refined) {
     // Measuring the plan against one lane (below): its runs, then the
     // trial's; the faster stays.
-    auto& times = e.trial ? e.trial_times : e.plan_times;
-    times.push_back(r.makespan);
-    if (times.size() < static_cast<size_t>(kRefineRuns)) return;
+    const size_t way = e.trial ? 1 : 0;  // the plan, then one lane (ir::Trial's ways)
+    e.times.record(way, r.makespan);
+    if (!e.times.timed(way)) return;
     if (!e.trial) {
       plan::Plan one = make_plan_for(g, topo, cm, "serial", stream_lanes(l), e.scale);
       one.policy = l.policy;
@@ -122,14 +121,13 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
       return;
     }
     e.settled = true;
-    const bool one_lane_faster = median(e.trial_times) < median(e.plan_times);
+    const bool one_lane_faster = e.times.choose() == 1;
     if (one_lane_faster) runtime::counters().plans_measured_slower++;
     else e.plan = std::move(e.kept);
     e.kept.reset();
     e.trial.reset();
     e.scale.clear();
-    e.plan_times.clear();
-    e.trial_times.clear();
+    e.times = CachedPlan::one_lane_trial();
     return;
   }
   e.ratios.resize(n);

@@ -188,7 +188,7 @@ std::vector<ir::Value> pending_roots() {
 namespace {
 // Read by every capture, set from any thread: atomic.
 std::atomic<int64_t>& max_pending_slot() {
-  static std::atomic<int64_t> n{ir::env::integer(ir::env::Var::MaxPending, 100000, 1)};
+  static std::atomic<int64_t> n{ir::env::integer(ir::env::Var::MaxPending, 100000)};
   return n;
 }
 } // namespace

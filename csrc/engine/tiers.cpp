@@ -3,6 +3,7 @@
 #include "engine/tiers.h"
 #include "engine/tier1.h"
 #include "ir/lru.h"
+#include "ir/trial.h"
 #include "ir/env.h"
 #include "ir/fork_order.h"
 
@@ -40,13 +41,12 @@ using namespace tier1;
 
 namespace {
 
-constexpr int kTrialRuns = 3;       // timed tier-1 runs (after an untimed first) that decide
+constexpr size_t kTrialRuns = 3;       // timed tier-1 runs (after an untimed first) that decide
 constexpr size_t kTier0Runs = 5;    // tier-0 times kept to compare with
 // Runs a trial takes at most: a way whose constants compiled in never
 // match the graph's (each way lifts its own) gets no times; the trial then
 // decides over the ways that have them.
 constexpr int kMaxTrialRuns = 24;
-constexpr double kMargin = 1.05;    // tier 1 is kept only if this much faster
 constexpr size_t kMaxEntries = 256; // graphs remembered; the least recently used goes
 // Kept code whose recent runs (the median of this many) take this many
 // times its trial's median goes through a second trial, in turns with tier
@@ -66,10 +66,10 @@ struct Entry {
   // On trial: the ways compiled (the whole graph; its parts on the lanes),
   // each's calls (the first is cold) and timed seconds.
   std::vector<std::shared_ptr<const CompiledGraph>> trial;
-  std::vector<int> trial_calls;
-  std::vector<std::vector<double>> trial_seconds;
+  // Way 0 tier 0 (its latest kTier0Runs seconds, kept before a trial
+  // too), way j + 1 trial[j]; kept by ir::margin::kCompiled.
+  ir::Trial times{1, kTrialRuns, ir::margin::kCompiled};
   int trial_runs = 0;          // runs since the trial began, in either tier
-  std::vector<double> tier0;   // seconds
   std::vector<double> recent;  // kept code's latest runs
   double kept_median = 0;      // its trial's median
   std::string choice;          // what the trial measured: each way compiled, and tier 0
@@ -119,7 +119,7 @@ std::atomic<int>& hits_slot() {
     const auto e = ir::env::text(ir::env::Var::Compile);
     if (!e || e->empty() || *e == "off") return 0;
     if (e && *e == "on") return 2;
-    return static_cast<int>(ir::env::integer(ir::env::Var::Compile, 0, 0));
+    return static_cast<int>(ir::env::integer(ir::env::Var::Compile, 0));
   }()};
   return n;
 }
@@ -231,10 +231,10 @@ void install_compiled(uint64_t key, std::vector<std::shared_ptr<CompiledGraph>> 
     if (trial_slot()) {
       e.state = State::Trial;
       e.trial_runs = 0;
-      e.tier0.clear();  // measured again in turns with the compiled ways
       e.trial.assign(ways.begin(), ways.end());
-      e.trial_calls.assign(ways.size(), 0);
-      e.trial_seconds.assign(ways.size(), {});
+      e.times = ir::Trial(1, kTrialRuns, ir::margin::kCompiled);  // tier 0 measured again in turns with them
+      e.times.baseline_warm();
+      for (size_t j = 0; j < ways.size(); ++j) e.times.add();
     } else {  // kept as compiled: the last way (the parts, where split)
       e.state = State::Kept;
       e.compiled = ways.back();
@@ -301,8 +301,7 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   run.key = key_of(g, l);
   std::shared_ptr<const CompiledGraph> compiled;
   std::vector<std::shared_ptr<const CompiledGraph>> ways;  // on trial
-  std::vector<int> calls;
-  int tier0_runs = 0;
+  ir::Trial times;
   {
     auto& t = tiers();
     std::lock_guard<std::mutex> lock(t.m);
@@ -314,8 +313,7 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
       run.choice = e.choice;
     } else {
       ways = e.trial;
-      calls = e.trial_calls;
-      tier0_runs = static_cast<int>(e.tier0.size());
+      times = e.times;
     }
   }
   // The same structure on other lanes: tier 0. On trial, the ways and tier
@@ -325,13 +323,14 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
   // own), or tier 0 where it has fewer timed runs than that way (its
   // first call, cold, is not timed).
   if (!eligible(g, l)) return std::nullopt;
-  size_t pick = ways.size();
-  for (size_t j = 0; j < ways.size(); ++j)
-    if (fits(*ways[j], l) && fixed_hash(g, ways[j]->lifted) == ways[j]->fixed &&
-        (pick == ways.size() || calls[j] < calls[pick]))
-      pick = j;
-  if (pick < ways.size() && calls[pick] > tier0_runs + 1) return std::nullopt;  // tier 0's turn
-  if (pick < ways.size()) compiled = ways[pick];
+  if (!ways.empty()) {
+    const size_t k = times.turn([&](size_t j) {
+      const CompiledGraph& w = *ways[j - 1];
+      return fits(w, l) && fixed_hash(g, w.lifted) == w.fixed;
+    });
+    if (k == 0) return std::nullopt;  // tier 0's turn, or no way's constants match
+    compiled = ways[k - 1];
+  }
   // Other values of the constants compiled in, or other lanes: tier 0.
   if (!compiled || !fits(*compiled, l) || fixed_hash(g, compiled->lifted) != compiled->fixed) return std::nullopt;
   try {
@@ -368,8 +367,7 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
         const auto j = static_cast<size_t>(at - en.trial.begin());
         dropped.push_back(std::move(en.trial[j]));
         en.trial.erase(en.trial.begin() + static_cast<std::ptrdiff_t>(j));
-        en.trial_calls.erase(en.trial_calls.begin() + static_cast<std::ptrdiff_t>(j));
-        en.trial_seconds.erase(en.trial_seconds.begin() + static_cast<std::ptrdiff_t>(j));
+        en.times.drop(j + 1);
       } else {
         en.state = State::Rejected;
         dropped.push_back(std::move(en.compiled));
@@ -387,12 +385,12 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
 // observe_tier) is decided over the ways that were timed.
 void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const CompiledGraph>>& dropped) {
   const bool out_of_runs = e.trial_runs >= kMaxTrialRuns;
-  std::vector<size_t> timed;  // the ways with their timed runs
-  for (size_t j = 0; j < e.trial.size(); ++j) {
-    if (static_cast<int>(e.trial_seconds[j].size()) >= kTrialRuns) timed.push_back(j);
+  std::vector<size_t> timed;  // the ways with their timed runs (their trial ways)
+  for (size_t j = 1; j < e.times.size(); ++j) {
+    if (e.times.timed(j)) timed.push_back(j);
     else if (!out_of_runs) return;
   }
-  const bool tier0_timed = e.tier0.size() >= static_cast<size_t>(kTrialRuns);
+  const bool tier0_timed = e.times.timed(0);
   if (!tier0_timed && !out_of_runs) return;
   if (timed.empty() || !tier0_timed) {
     e.state = State::Rejected;
@@ -404,26 +402,24 @@ void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const Compiled
     return;
   }
   // Every way timed (or those that could be): the fastest against tier 0.
-  size_t best = timed[0];
-  for (size_t j : timed)
-    if (median(e.trial_seconds[j]) < median(e.trial_seconds[best])) best = j;
-  const double best_s = median(e.trial_seconds[best]);
-  const bool faster = best_s * kMargin < median(e.tier0);
+  const size_t best = e.times.fastest(timed);
+  const double best_s = e.times.median_of(best), tier0_s = e.times.median_of(0);
+  const bool faster = e.times.choose(timed) != 0;
   e.state = faster ? State::Kept : State::Rejected;
   e.kept_median = best_s;
   if (faster) {
-    e.compiled = e.trial[best];
+    e.compiled = e.trial[best - 1];
   } else {
     if (e.compiled) dropped.push_back(std::move(e.compiled));
     t.last_error = "compiled code ran no faster than tier 0 (" + std::to_string(best_s * 1e6) + " us, tier 0 " +
-        std::to_string(median(e.tier0) * 1e6) + " us)";
+        std::to_string(tier0_s * 1e6) + " us)";
     runtime::counters().tier1_rejected++;
   }
   std::string times;
   for (size_t j : timed)
-    times += std::string(e.trial[j]->parts.size() == 1 ? "whole " : "parts ") +
-        std::to_string(median(e.trial_seconds[j]) * 1e6) + " us, ";
-  e.choice = "measured " + times + "tier 0 " + std::to_string(median(e.tier0) * 1e6) + " us";
+    times += std::string(e.trial[j - 1]->parts.size() == 1 ? "whole " : "parts ") +
+        std::to_string(e.times.median_of(j) * 1e6) + " us, ";
+  e.choice = "measured " + times + "tier 0 " + std::to_string(tier0_s * 1e6) + " us";
   for (auto& c : e.trial) dropped.push_back(std::move(c));
   e.trial.clear();
 }
@@ -455,9 +451,9 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
       e.trial_runs = 0;
       e.choice.clear();
       e.trial = {e.compiled};
-      e.trial_calls = {1};  // warm: no untimed run
-      e.trial_seconds = {{}};
-      e.tier0.clear();
+      e.times = ir::Trial(1, kTrialRuns, ir::margin::kCompiled);
+      e.times.baseline_warm();
+      e.times.add(/*warm=*/true);  // no untimed run
       e.recent.clear();
     }
     return;
@@ -466,7 +462,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
     if (e.state != State::Trial) return;
     const size_t k = static_cast<size_t>(std::find(e.trial.begin(), e.trial.end(), run.compiled) - e.trial.begin());
     if (k == e.trial.size()) return;
-    if (e.trial_calls[k]++ != 0) e.trial_seconds[k].push_back(seconds);  // the first call is cold
+    if (e.times.call(k + 1)) e.times.record(k + 1, seconds);  // the first call is cold
     ++e.trial_runs;
     finish_trial(t, e, dropped);
     return;
@@ -477,8 +473,7 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   // key has the lanes: a run on others counts for their own entry; this
   // guards against code that does not fit them all the same).
   if (e.state == State::Trial && !e.trial.empty() && !fits(*e.trial[0], l)) return;
-  e.tier0.push_back(seconds);
-  if (e.tier0.size() > kTier0Runs) e.tier0.erase(e.tier0.begin());
+  e.times.record(0, seconds, kTier0Runs);
   if (e.state == State::Trial) {  // tier 0's turn in the trial
     ++e.trial_runs;
     finish_trial(t, e, dropped);

@@ -35,11 +35,25 @@ enum class Var {
   Fault,
 };
 
+// How a variable's text is read (and refused at import, check_all()).
+enum class Kind {
+  Text,      // read as it is (a list of devices, a test's setting)
+  Switch,    // on unless "0", or set at all
+  Integer,   // a whole number of at least `min`
+  Number,    // a finite number above 0, in `unit`
+  Choice,    // one of `choices` (the first where unset or empty)
+  Tiers,     // TORCH_MGPU_COMPILE: on, off, or an Integer
+};
+
 struct VarInfo {
   Var var;
   const char* name;          // TORCH_MGPU_...
   const char* fallback;      // what holds when it is not set, in words
   const char* meaning;       // what it does, one line
+  Kind kind = Kind::Text;
+  int64_t min = 0;                   // Integer, Tiers
+  const char* unit = "";             // Number
+  std::vector<std::string> choices;  // Choice
 };
 
 const std::vector<VarInfo>& table();
@@ -47,17 +61,18 @@ const VarInfo& info(Var v);
 
 // The variable's text; nullopt where it is not set.
 std::optional<std::string> text(Var v);
-// A whole integer of at least `min`, or `fallback` where not set; anything
-// else raises a ValueError naming the variable.
-int64_t integer(Var v, int64_t fallback, int64_t min);
-// A finite number above 0, or nullopt where not set; anything else raises.
-std::optional<double> positive_number(Var v, const char* unit);
+// A whole integer of at least the table's `min`, or `fallback` where not
+// set; anything else raises a ValueError naming the variable.
+int64_t integer(Var v, int64_t fallback);
+// A finite number above 0 (in the table's `unit`), or nullopt where not
+// set; anything else raises.
+std::optional<double> positive_number(Var v);
 // On unless set to "0" (an on/off switch whose default is on).
 bool on_unless_zero(Var v);
 // Whether it is set at all (to anything).
 bool is_set(Var v);
-// One of `choices`, or `fallback` where not set (or empty); else raises.
-std::string choice(Var v, const std::vector<std::string>& choices, const std::string& fallback);
+// One of the table's `choices`, the first where not set (or empty); else raises.
+std::string choice(Var v);
 
 // Parses every variable that is set, so that a bad value raises at the
 // import of torch_mgpu (and the lanes' first use in C++) rather than in
@@ -67,6 +82,6 @@ void check_all();
 // `integer`, but `fallback` where the text does not parse: for readers
 // that must not throw (an allocator, a thread's start), whose variable
 // check_all() has refused already.
-int64_t integer_or_fallback(Var v, int64_t fallback, int64_t min);
+int64_t integer_or_fallback(Var v, int64_t fallback);
 
 } // namespace torch_mgpu::ir::env

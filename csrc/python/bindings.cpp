@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "ir/env.h"
 #include "ir/partition.h"
+#include "ir/trial.h"
 #include "python/caller.h"
 #include "python/tiers.h"
 #include "runtime/faults.h"
@@ -80,8 +81,7 @@ void* gil_release() { return PyEval_SaveThread(); }
 void gil_restore(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
 // KeyboardInterrupt or SystemExit, as a Python kernel's error reaches C++
 // (pybind11's error_already_set, or torch's python_error, whose exception
-// may still be this thread's pending one). Any other Python error the
-// caller now handles (by a rerun on the CPU) is no longer pending.
+// may still be this thread's pending one).
 bool python_interrupt(const std::exception& e) {
   const auto stops = [](PyObject* type) {
     return type && (PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt) ||
@@ -95,11 +95,20 @@ bool python_interrupt(const std::exception& e) {
   if (const auto* pe = dynamic_cast<const python_error*>(&e)) {
     py::gil_scoped_acquire gil;
     if (pe->type) return stops(pe->type);
-    if (stops(PyErr_Occurred())) return true;
-    PyErr_Clear();
-    return false;
+    return stops(PyErr_Occurred());
   }
   return false;
+}
+
+// A Python kernel's error the caller handles (by a rerun on the CPU): a
+// python_error that left its exception pending on this thread clears it.
+void python_error_handled(const std::exception& e) {
+  if (!Py_IsInitialized()) return;
+  if (const auto* pe = dynamic_cast<const python_error*>(&e)) {
+    if (pe->type) return;
+    py::gil_scoped_acquire gil;
+    PyErr_Clear();
+  }
 }
 
 py::list plan_timeline(const PlanHandle& h) {
@@ -210,7 +219,7 @@ torch_mgpu::plan::Work work_of(std::map<std::string, double> work) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_mgpu: lazy multi-lane executor behind the mgpu device";
-  torch_mgpu::capture::set_interpreter_lock({&gil_held, &gil_release, &gil_restore, &python_interrupt});
+  torch_mgpu::capture::set_interpreter_lock({&gil_held, &gil_release, &gil_restore, &python_interrupt, &python_error_handled});
   // Every call that reaches the engine lets go of the GIL while it runs
   // (results are converted to Python objects after it is taken back).
   using nogil = py::call_guard<py::gil_scoped_release>;
@@ -317,6 +326,13 @@ PYBIND11_MODULE(_C, m) {
     torch_mgpu::engine::pin_cost_model(std::move(cm));
   });
   m.def("_check_env", &torch_mgpu::ir::env::check_all);
+  // The variables whose text check_all() parses (and refuses at import).
+  m.def("_env_checked", [] {
+    std::vector<std::string> out;
+    for (const auto& v : torch_mgpu::ir::env::table())
+      if (v.kind != torch_mgpu::ir::env::Kind::Text && v.kind != torch_mgpu::ir::env::Kind::Switch) out.push_back(v.name);
+    return out;
+  });
   // The environment variables (ir/env.h): each name, its default and meaning.
   m.def("_env_table", [] {
     py::list out;
@@ -368,6 +384,20 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("cost"), py::arg("preds"), py::arg("lanes"), nogil());
   m.def("_partition_makespan", &torch_mgpu::engine::partition_makespan, py::arg("seconds"), py::arg("preds"),
         py::arg("lanes"), nogil());
+  // The one measured choice (ir/trial.h), for the compile backend's
+  // partitions-or-whole choice (torch_mgpu/compile.py): way 0 the baseline.
+  using torch_mgpu::ir::Trial;
+  py::class_<Trial>(m, "_Trial")
+      .def(py::init<size_t, size_t, double>(), py::arg("ways"), py::arg("runs"), py::arg("margin"))
+      .def("turn", [](const Trial& t) { return t.turn(); })
+      .def("call", &Trial::call, py::arg("way"))
+      .def("record", [](Trial& t, size_t way, double seconds) { t.record(way, seconds); }, py::arg("way"),
+           py::arg("seconds"))
+      .def("all_timed", &Trial::all_timed)
+      .def("choose", [](const Trial& t) { return t.choose(); })
+      .def("median", &Trial::median_of, py::arg("way"))
+      .def("timed_runs", [](const Trial& t, size_t way) { return t.seconds(way).size(); }, py::arg("way"));
+  m.attr("_margin_partitions") = torch_mgpu::ir::margin::kPartitions;
   // Tests only: make the n-th node / transfer / event wait / stream
   // synchronize from now throw (runtime/faults.h).
   py::class_<PartitionHandle>(m, "Partition")

@@ -34,7 +34,7 @@ struct Cache {
 Cache& cache() {
   static auto* c = [] {
     auto* c = new Cache();
-    c->limit = static_cast<size_t>(ir::env::integer_or_fallback(ir::env::Var::HostCacheMb, 1024, 0)) << 20;
+    c->limit = static_cast<size_t>(ir::env::integer_or_fallback(ir::env::Var::HostCacheMb, 1024)) << 20;
     // A fork() taken while another thread holds the lock would leave it
     // locked in the child: hold it across the fork instead.
     ir::on_fork(ir::ForkRank::HostCache, [] { cache().m.lock(); }, [] { cache().m.unlock(); }, [] { cache().m.unlock(); });

@@ -42,7 +42,7 @@ void set_thread_parallelism(int threads) {
 int thread_parallelism() { return omp_get_max_threads ? omp_get_max_threads() : at::get_num_threads(); }
 
 int64_t spin_us() {
-  static const int64_t us = ir::env::integer_or_fallback(ir::env::Var::SpinUs, 300, 0);
+  static const int64_t us = ir::env::integer_or_fallback(ir::env::Var::SpinUs, 300);
   return us;
 }
 

@@ -33,7 +33,7 @@ namespace wire {
 
 std::chrono::milliseconds timeout() {
   static const auto t = [] {
-    const double seconds = ir::env::positive_number(ir::env::Var::RemoteTimeout, "seconds").value_or(3600.0);
+    const double seconds = ir::env::positive_number(ir::env::Var::RemoteTimeout).value_or(3600.0);
     return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }();
   return t;

@@ -2,6 +2,7 @@
 #include "ir/fork_order.h"
 #include "ir/graph.h"
 #include "ir/lru.h"
+#include "ir/trial.h"
 
 #include <gtest/gtest.h>
 
@@ -321,4 +322,36 @@ TEST(Lru, KeptEntriesStayAndEntriesKeepTheirAddress) {
   EXPECT_EQ(order, (std::vector<int>{4, 3}));
   c.clear();
   EXPECT_EQ(c.size(), 0u);
+}
+
+TEST(Trial, WaysTakeTurnsColdFirstThenTheFastestBeyondTheMargin) {
+  Trial t(1, 2, 1.05);  // the baseline, then two challengers
+  t.add();
+  t.add();
+  // Challengers first (ties: the first), the baseline where it fell behind.
+  EXPECT_EQ(t.turn(), 1u);
+  EXPECT_FALSE(t.call(1));  // cold: not timed
+  EXPECT_EQ(t.turn(), 2u);
+  EXPECT_FALSE(t.call(2));
+  EXPECT_EQ(t.turn(), 0u);
+  EXPECT_FALSE(t.call(0));
+  EXPECT_EQ(t.turn([](size_t j) { return j == 2; }), 2u);  // only way 2 may run
+  EXPECT_EQ(t.turn([](size_t) { return false; }), 0u);     // none may: the baseline
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_TRUE(t.call(1));
+    t.record(1, 1.0);
+    t.record(2, 0.5);
+    t.record(0, 1.04);
+  }
+  EXPECT_TRUE(t.all_timed());
+  EXPECT_EQ(t.fastest({1, 2}), 2u);
+  EXPECT_EQ(t.choose(), 2u);      // 0.5 * 1.05 < 1.04
+  EXPECT_EQ(t.choose({1}), 0u);   // 1.0 * 1.05 > 1.04: within the margin, the baseline stays
+  t.drop(2);
+  EXPECT_EQ(t.size(), 2u);
+  EXPECT_EQ(t.choose(), 0u);
+  t.record(0, 9.0, /*keep=*/2);  // the latest two kept
+  EXPECT_EQ(t.seconds(0), (std::vector<double>{1.04, 9.0}));
+  EXPECT_DOUBLE_EQ(median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_DOUBLE_EQ(median({}), 0.0);
 }
