@@ -88,9 +88,7 @@ class Trial {
   // The choice among the challengers in `over` (the baseline timed): the
   // fastest by median where it beats the baseline's by the margin, else 0.
   size_t choose(const std::vector<size_t>& over) const {
-    size_t best = 0;
-    for (size_t j : over)
-      if (j != 0 && (best == 0 || median_of(j) < median_of(best))) best = j;
+    size_t best = fastest(over);
     return best != 0 && median_of(best) * margin_ < median_of(0) ? best : 0;
   }
   size_t choose() const {

@@ -6,6 +6,7 @@
 #include <ATen/ops/linalg_cholesky_ex.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
+#include <algorithm>
 
 namespace torch_mgpu::runtime {
 
@@ -175,17 +176,23 @@ c10::Storage Run::operand(const ir::Value& v, int d, int lane, std::unique_lock<
 bool Run::skip_if_missing(int i, size_t k) {
   const ir::Value& v = g.nodes[i]->operands[k];
   const int d = producer[operand_at[i] + k];
-  const bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
-  if (!missing) return false;
-  std::exception_ptr e;
-  std::string msg;
-  if (d < 0) {
-    msg = v.node->error;
-    e = error_with(msg);
-  }
-  fail(i, Status::Skipped, e, msg);
+  if (!missing(v, d)) return false;
+  fail(i, Status::Skipped, skipped_by(v, d), d < 0 ? v.node->error : "");
   cv.notify_all();
   return true;
+}
+
+void Run::order_on_stream(int lane, const std::vector<int>& producers, const std::vector<c10::Storage>& reads) {
+  const Place& place = places[lane];
+  std::vector<int> waited;
+  for (int d : producers) {
+    if (!events[d] || p.lane_of[d] == lane || std::find(waited.begin(), waited.end(), d) != waited.end()) continue;
+    waited.push_back(d);
+    observers().before_event_wait();
+    if (!observers().drops_event_wait()) events[d]->block(place.stream);
+  }
+  for (const auto& s : reads)
+    if (!observers().drops_record_use()) record_use(s, place.stream);
 }
 
 } // namespace detail

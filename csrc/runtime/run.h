@@ -223,9 +223,38 @@ struct Run {
   // another device is copied over (a transfer), once per device.
   c10::Storage operand(const ir::Value& v, int d, int lane, std::unique_lock<std::mutex>& lock);
 
-  // Operand k of node i is missing (an op before it failed, or it reads a
-  // value whose computation failed earlier): node i is skipped. Under the lock.
+  // Value v (made by node d; d < 0: a leaf) cannot be read: its producer
+  // failed or was skipped, or the leaf is a value whose computation failed
+  // earlier. Under the lock.
+  bool missing(const ir::Value& v, int d) const {
+    return d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
+  }
+  // The error a reader of missing value v (made by d) is skipped with: the
+  // leaf's own, or none (its producer's error is reported).
+  static std::exception_ptr skipped_by(const ir::Value& v, int d) {
+    return d < 0 ? error_with(v.node->error) : nullptr;
+  }
+
+  // Operand k of node i is missing: node i is skipped. Under the lock.
   bool skip_if_missing(int i, size_t k);
+
+  // Waits (in a parallel run) until every producer of `nodes` that
+  // `outside(d)` accepts has run. Under the lock.
+  template <class Nodes, class Outside>
+  void wait_for_producers(std::unique_lock<std::mutex>& lock, const Nodes& nodes, Outside outside) {
+    if (!parallel) return;
+    cv.wait(lock, [&] {
+      for (int i : nodes)
+        for (int d : g.deps[i])
+          if (outside(d) && res.status[d] == Status::NotRun) return false;
+      return true;
+    });
+  }
+
+  // Before work on stream lane `lane`: its stream waits for the events of
+  // `producers` run on other lanes (each once), and the allocator learns
+  // that `reads` are used on it.
+  void order_on_stream(int lane, const std::vector<int>& producers, const std::vector<c10::Storage>& reads);
 
   // What res.values holds for a value kept on a worker: its size, no bytes.
   static bool is_stand_in(const c10::Storage& s) { return s && s.device().type() == c10::kMeta; }

@@ -3,19 +3,15 @@
 // groups as one pass, failures kept to the node that raised.
 #include "runtime/run.h"
 
+#include <array>
+
 namespace torch_mgpu::runtime::detail {
 
 void Run::run_one(int lane, int i) {
   const ir::Node& node = *g.nodes[i];
   const Place& place = places[lane];
   std::unique_lock<std::mutex> lock(m);
-  if (parallel) {
-    cv.wait(lock, [&] {
-      for (int d : g.deps[i])
-        if (res.status[d] == Status::NotRun) return false;
-      return true;
-    });
-  }
+  wait_for_producers(lock, std::array<int, 1>{i}, [](int) { return true; });
   std::vector<c10::Storage> operands;
   operands.reserve(node.operands.size());
   for (size_t k = 0; k < node.operands.size(); ++k) {
@@ -65,15 +61,7 @@ void Run::run_one(int lane, int i) {
     // Every failure of the node's own work, on the host or on its stream,
     // is the node's error: waits for other lanes, the allocator's record
     // of its operands, the kernel, the event after it.
-    if (place.streams) {
-      for (int d : g.deps[i])
-        if (events[d] && p.lane_of[d] != lane) {
-          observers().before_event_wait();
-          if (!observers().drops_event_wait()) events[d]->block(place.stream);
-        }
-      for (const auto& s : operands)
-        if (!observers().drops_record_use()) record_use(s, place.stream);
-    }
+    if (place.streams) order_on_stream(lane, g.deps[i], operands);
     observers().before_node(node);
     out = run_node(node, std::move(operands), *reuse, place);
     if (events[i]) events[i]->record(place.stream);
@@ -128,18 +116,14 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
   const Place& place = places[lane];
   const int id = p.fusion.group_of[grp.steps[0].node];
   auto outside = [&](int d) { return p.fusion.group_of[d] != id; };
+  std::vector<int> nodes;
+  nodes.reserve(grp.steps.size());
+  for (const auto& s : grp.steps) nodes.push_back(s.node);
   auto one_by_one = [&] {
-    for (const auto& s : grp.steps) run_one(lane, s.node);
+    for (int i : nodes) run_one(lane, i);
   };
   std::unique_lock<std::mutex> lock(m);
-  if (parallel) {
-    cv.wait(lock, [&] {
-      for (const auto& s : grp.steps)
-        for (int d : g.deps[s.node])
-          if (outside(d) && res.status[d] == Status::NotRun) return false;
-      return true;
-    });
-  }
+  wait_for_producers(lock, nodes, outside);
   const size_t elem = c10::elementSize(grp.dtype);
   std::vector<c10::Storage> held;  // keeps the external bytes alive
   std::vector<const void*> external;
@@ -150,9 +134,14 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
     const auto& ref = *node.args[e.arg].tensors[0];
     const ir::Value& v = node.operands[ref.operand];
     const int d = producer[operand_at[e.node] + ref.operand];
-    bool missing = d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error;
+    if (missing(v, d)) {
+      lock.unlock();
+      held.clear();
+      one_by_one();
+      return;
+    }
     c10::Storage bytes;
-    if (!missing) {
+    {
       try {
         bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
       } catch (const std::exception& ex) {
@@ -163,12 +152,6 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
         cv.notify_all();
         return;
       }
-    }
-    if (missing) {
-      lock.unlock();
-      held.clear();
-      one_by_one();
-      return;
     }
     external.push_back(static_cast<const char*>(bytes.data()) + ref.geom.offset * elem);
     held.push_back(std::move(bytes));
@@ -224,14 +207,7 @@ void Run::run_part(int lane, const Part& part) {
   const int id = parts->part_of[part.nodes.at(0)];
   auto outside = [&](int d) { return parts->part_of[d] != id; };
   std::unique_lock<std::mutex> lock(m);
-  if (parallel) {
-    cv.wait(lock, [&] {
-      for (int i : part.nodes)
-        for (int d : g.deps[i])
-          if (outside(d) && res.status[d] == Status::NotRun) return false;
-      return true;
-    });
-  }
+  wait_for_producers(lock, part.nodes, outside);
   // Its nodes fail (or are skipped) together.
   auto fail_all = [&](Status s, std::exception_ptr e, const std::string& msg) {
     for (int i : part.nodes) fail(i, s, e, msg);
@@ -240,9 +216,8 @@ void Run::run_part(int lane, const Part& part) {
   std::vector<c10::Storage> reads;
   reads.reserve(part.reads.size());
   for (const auto& [v, d] : part.reads) {
-    if (d >= 0 ? res.status[d] != Status::Ok : v.node->kind == ir::NodeKind::Error) {
-      std::string msg = d < 0 ? v.node->error : "";
-      fail_all(Status::Skipped, d < 0 ? error_with(msg) : nullptr, msg);
+    if (missing(v, d)) {
+      fail_all(Status::Skipped, skipped_by(v, d), d < 0 ? v.node->error : "");
       return;
     }
     try {
@@ -261,17 +236,11 @@ void Run::run_part(int lane, const Part& part) {
   try {
     if (place.streams) {
       // After the other lanes' producers of what it reads, as a node.
-      std::vector<int> waited;
+      std::vector<int> producers;
       for (int i : part.nodes)
         for (int d : g.deps[i])
-          if (outside(d) && events[d] && p.lane_of[d] != lane &&
-              std::find(waited.begin(), waited.end(), d) == waited.end()) {
-            waited.push_back(d);
-            observers().before_event_wait();
-            if (!observers().drops_event_wait()) events[d]->block(place.stream);
-          }
-      for (const auto& s : reads)
-        if (!observers().drops_record_use()) record_use(s, place.stream);
+          if (outside(d)) producers.push_back(d);
+      order_on_stream(lane, producers, reads);
     }
     std::vector<const void*> written;
     made = part.call(reads, place, written);
