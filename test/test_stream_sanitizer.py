@@ -279,14 +279,14 @@ def towers(a, b, c, d):
 def compiled_parts():
     """Tier 1 on (compile after two runs, kept without a trial) with one
     graph per sync."""
-    saved = torch_mgpu.async_ops()
+    saved, hits = torch_mgpu.async_ops(), C._tier_compile_hits()
     torch_mgpu.set_async_ops(0)
     torch_mgpu.configure(compile=2)
     C._set_tier_trial(False)
     yield
     torch_mgpu.wait_for_compiles(120)
     C._set_tier_trial(True)
-    torch_mgpu.configure(compile=False)
+    torch_mgpu.configure(compile=hits)
     torch_mgpu.set_async_ops(saved)
 
 

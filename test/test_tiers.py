@@ -18,12 +18,12 @@ from conftest import run_hot
 
 @pytest.fixture
 def tiered():
-    saved = torch_mgpu.async_ops()
+    saved, hits = torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits()
     torch_mgpu.set_async_ops(0)  # one graph per sync: the same graph every step
     torch_mgpu.configure(compile=2)
     yield
     torch_mgpu.wait_for_compiles(120)
-    torch_mgpu.configure(compile=False)
+    torch_mgpu.configure(compile=hits)
     torch_mgpu.set_async_ops(saved)
 
 
@@ -588,6 +588,7 @@ def test_stopping_the_compile_thread_waits_for_it():
     # during finalization, taking the GIL back tore it down through C++
     # frames ("terminate called without an active exception", SIGABRT, in
     # some runs of a process that had used tier 1).
+    hits = torch_mgpu._C._tier_compile_hits()
     torch_mgpu.configure(compile=2)
     try:
         thread = _tiers._thread
@@ -597,7 +598,7 @@ def test_stopping_the_compile_thread_waits_for_it():
         torch_mgpu.configure(compile=2)  # starts another
         assert _tiers._thread.is_alive() and _tiers._thread is not thread
     finally:
-        torch_mgpu.configure(compile=False)
+        torch_mgpu.configure(compile=hits)
 
 
 def test_a_process_that_used_tier_1_exits_cleanly():
