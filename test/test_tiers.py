@@ -260,10 +260,10 @@ def test_a_backward_with_gradients_it_does_not_need_compiles(tiered, no_trial):
     assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
-def make_training(device, foreach, optimizer=torch.optim.Adam):
+def make_training(device, foreach, optimizer=torch.optim.Adam, **options):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
-    opt = optimizer(model.parameters(), lr=1e-2, foreach=foreach)
+    opt = optimizer(model.parameters(), lr=1e-2, foreach=foreach, **options)
     return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
 
 
@@ -347,6 +347,22 @@ def test_a_training_loop_with_adam_and_a_cosine_schedule_stays_in_tier_1(tiered,
     after = tier1_stats()
     assert after["tier1_compiled"] - before["tier1_compiled"] == 1  # no compile per step
     assert "constant(s) as inputs" in torch_mgpu.last_plan().compiled
+
+
+@pytest.mark.parametrize("optimizer,options", [(torch.optim.AdamW, {}), (torch.optim.SGD, {"momentum": 0.9}),
+                                               (torch.optim.Adam, {"amsgrad": True, "weight_decay": 1e-3})])
+def test_default_foreach_optimizers_with_a_schedule_run_one_compiled_graph(tiered, no_trial, optimizer, options):
+    # The optimizers' defaults on mgpu (foreach kernels, their lists of
+    # scalars) with a schedule: one compile, every step after warm-up in
+    # tier 1.
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
+    ref, got = make_training("cpu", False, optimizer, **options), make_training("mgpu", None, optimizer, **options)
+    assert _default_to_fused_or_foreach(list(got[0].parameters()), False, False)[1]
+    before = tier1_stats()
+    tiers = train_side_by_side(ref, got, x, y, x.to("mgpu"), y.to("mgpu"), 8)
+    assert tiers[3:] == [1] * 5, (tiers, torch_mgpu._C._tier_last_error())
+    assert tier1_stats()["tier1_compiled"] - before["tier1_compiled"] == 1
 
 
 def test_an_elementwise_graph_after_a_product_under_another_precision_reaches_tier_1(tiered, no_trial):
