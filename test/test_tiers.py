@@ -1039,6 +1039,30 @@ def test_a_half_precision_product_with_one_row_or_column_is_eager_s(tiered, no_t
     assert run_hot(f, [a, b, c, d, e], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
 
 
+def test_integer_products_compile_in_their_dtype_and_wrap_as_eager_s(tiered, no_trial):
+    # Inductor's CPU decomposition of a product with one row or one column
+    # sums in int64 and returns int64: a uint8 bmm over 1x3x3 and 1x3x1
+    # "returned a tensor that does not fit its value", and the graph went
+    # back to tier 0 after a wasted compile. Integer products are traced as
+    # sums of products in their own dtype; sums that overflow wrap as
+    # eager's do.
+    g = torch.Generator().manual_seed(3)
+
+    def ints(*shape, dtype=torch.uint8, high=256):
+        return torch.randint(0, high, shape, generator=g).to(dtype)
+
+    a, b, c, d, e = ints(1, 3, 3), ints(1, 3, 1), ints(1, 5), ints(5, 1), ints(1, 1)
+    i, j = ints(2, 4, 7, dtype=torch.int32, high=1000), ints(2, 7, 1, dtype=torch.int32, high=1000)
+
+    def f(a, b, c, d, e, i, j):
+        return (torch.bmm(a, b) + 0, torch.mm(c, d) * 3, torch.addmm(e, c, d, beta=2, alpha=3), torch.baddbmm(b, a, b),
+                torch.einsum("bij,bjk->bik", i, j * 1000000) - 1, torch.matmul(i[0], j[1]) + 1)
+
+    before = tier1_stats()
+    assert run_hot(f, [a, b, c, d, e, i, j], exact=True) == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
+    assert tier1_stats()["tier1_fallbacks"] == before["tier1_fallbacks"]
+
+
 def test_erf_near_zero_and_a_product_with_false_are_eager_s(tiered, no_trial):
     # Inductor's float32 erf is off by up to 4.5e-4 relative near 0 (seed
     # 3760451: 1 / erf(x)^2); it folds x * False to 0 where NaN * False is

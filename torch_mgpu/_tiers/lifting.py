@@ -45,14 +45,46 @@ def _decompositions():
     op's: flash attention for the CPU decomposes (for export) into the math
     form, whose second result is the attention weights where the op returns
     their log-sum-exp, which its backward reads (inductor leaves it out too:
-    it runs the op's own kernel)."""
+    it runs the op's own kernel). Integer matrix products decompose into a
+    sum of products in their own dtype (_integer_products)."""
     from torch._decomp import core_aten_decompositions
 
     table = core_aten_decompositions()
     aten = torch.ops.aten
     for op in (aten._scaled_dot_product_flash_attention_for_cpu.default,):
         table.pop(op, None)
+    table.update(_integer_products())
     return table
+
+
+def _integer_products():
+    """Integer mm, bmm, addmm and baddbmm as a sum of products in the
+    operands' dtype, which inductor compiles as one loop. Inductor's own CPU
+    decomposition of a product with one row or one column sums the products
+    in int64 and returns int64 (a uint8 `bmm` over 1x3x3 and 1x3x1 gave
+    an int64 tensor that fits no uint8 value). Sums that wrap give eager's
+    values: integer arithmetic wraps alike in any width it is then cast
+    from. Floating and complex products are left to their kernels."""
+    aten = torch.ops.aten
+
+    def integer(*ts):
+        return all(not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool) for t in ts)
+
+    def product(a, b):
+        return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2, dtype=a.dtype)
+
+    def mm(a, b):
+        return product(a, b) if integer(a, b) and a.dtype == b.dtype else NotImplemented
+
+    def added(self, a, b, beta=1, alpha=1):
+        if not (integer(self, a, b) and a.dtype == b.dtype == self.dtype):
+            return NotImplemented
+        out = product(a, b)
+        if alpha != 1:
+            out = out * alpha
+        return out if beta == 0 else out + (self if beta == 1 else self * beta)
+
+    return {aten.mm.default: mm, aten.bmm.default: mm, aten.addmm.default: added, aten.baddbmm.default: added}
 
 
 def _literals(node):
