@@ -184,12 +184,12 @@ def test_partition_op_checks_its_inputs_and_reports_errors_of_its_code():
     x = a.to("mgpu")
     good = x + 1
     failed = _C._call_partition(bad, [x])[0]
-    with pytest.raises(RuntimeError, match="compiled code failed"):
+    with pytest.raises(ValueError, match="compiled code failed"):  # its class kept
         torch_mgpu.synchronize()
     # The failure left every other tensor usable.
     torch.testing.assert_close(good.cpu(), a + 1)
     torch.testing.assert_close(x.cpu(), a)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="value was lost when an op failed: compiled code failed"):
         failed.cpu()
 
 
@@ -366,6 +366,38 @@ def test_kernel_methods_gp_knn_gmm():
     got = fast(x, y, queries, means)
     want = kernel_methods(x, y, queries, means)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+def cholesky_heads(x, y, scales, jitter):
+    # One GP posterior mean per length-scale, through a Cholesky each: the
+    # graph's effectful checks (`_linalg_check_errors`) thread a token
+    # through the heads.
+    outs = []
+    for i in range(scales.shape[0]):
+        d2 = (x * x).sum(1, keepdim=True) - 2 * x @ x.t() + (x * x).sum(1)
+        k = torch.exp(-d2 / (2 * scales[i] ** 2)) + jitter * torch.eye(x.shape[0])
+        outs.append(k @ torch.cholesky_solve(y, torch.linalg.cholesky(k)))
+    return outs
+
+
+@pytest.mark.parametrize("choice", ["partitions"], indirect=True)
+def test_heads_with_a_cholesky_each_split_with_their_checks_in_one_partition(choice):
+    # The effect token of the Cholesky checks crossed partitions, and
+    # inductor failed on the partition that returned it ("'NoneType' object
+    # has no attribute 'get_size'"): the GP benchmark did not compile.
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(256, 16, generator=g), torch.randn(256, 1, generator=g)
+    scales, jitter = torch.tensor([0.5, 1.0, 2.0, 4.0]), torch.tensor(1e-2)
+    newest = newest_graph()
+    fast = torch.compile(cholesky_heads, backend="mgpu")
+    torch.testing.assert_close(fast(x, y, scales, jitter), cholesky_heads(x, y, scales, jitter), atol=1e-3, rtol=1e-3)
+    assert max(g["partitions"] for g in graphs_after(newest)) > 1  # the heads were split
+    # The checks still run: a matrix that is not positive-definite raises
+    # as eager's Cholesky does.
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        cholesky_heads(x, y, scales, torch.tensor(-2.0))
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        fast(x, y, scales, torch.tensor(-2.0))
 
 
 def test_graph_break_and_dynamic_shapes():

@@ -95,19 +95,95 @@ def split(gm: torch.fx.GraphModule, lanes: int):
         return []
     units, unit_of = [], {}
     for n in nodes:
-        src = n.args[0] if n.target is operator.getitem else None
-        if src is not None and src in unit_of:
-            unit_of[n] = unit_of[src]
-            units[unit_of[n]].append(n)
+        home = _home(n, unit_of)
+        if home is not None:
+            if n.target is torch.ops.higher_order.with_effects and unit_of[n.args[0]] != home:
+                # Its token (made just before it, alone) comes along.
+                units[unit_of[n.args[0]]].remove(n.args[0])
+                unit_of[n.args[0]] = home
+                units[home].append(n.args[0])
+            unit_of[n] = home
+            units[home].append(n)
         else:
             unit_of[n] = len(units)
             units.append([n])
+    units = _in_dependency_order([m for m in units if m], unit_of)
+    unit_of = {n: k for k, members in enumerate(units) for n in members}
     cost = [sum(seconds(node_work(n), lanes) for n in members) for members in units]
     preds = [sorted({unit_of[i] for n in members for i in n.all_input_nodes if i in unit_of} - {k})
              for k, members in enumerate(units)]
     groups = _C._split_groups(cost, preds, lanes)
     pos = {n: i for i, n in enumerate(gm.graph.nodes)}
     return [sorted((n for u in g for n in units[u]), key=pos.get) for g in groups]
+
+
+def _home(n, unit_of):
+    """The unit `n` joins (None: a unit of its own). A `getitem` joins the
+    op it reads; an effectful call (`with_effects`, after untie_effects)
+    joins the op whose value it reads, and its token's sink joins it."""
+    if n.target is operator.getitem and n.args[0] in unit_of:
+        return unit_of[n.args[0]]
+    if n.target is torch.ops.higher_order.with_effects:
+        for i in n.all_input_nodes[1:]:
+            if i in unit_of:
+                return unit_of[i]
+        return unit_of.get(n.args[0])
+    if n.target is torch.ops.prims._sink_tokens.default and n.all_input_nodes:
+        return unit_of.get(n.all_input_nodes[0])
+    return None
+
+
+def _in_dependency_order(units, unit_of):
+    """`units` ordered so that each comes after those it reads (graph order
+    where free): an effectful call joins a unit that may come before what
+    else it reads."""
+    at = {n: k for k, members in enumerate(units) for n in members}
+    preds = [{at[i] for n in members for i in n.all_input_nodes if i in at} - {k} for k, members in enumerate(units)]
+    if all(all(p < k for p in ps) for k, ps in enumerate(preds)):
+        return units
+    done, order = set(), []
+    while len(order) < len(units):
+        k = next(k for k in range(len(units)) if k not in done and preds[k] <= done)
+        done.add(k)
+        order.append(units[k])
+    return order
+
+
+def untie_effects(gm: torch.fx.GraphModule) -> None:
+    """Gives each effectful call its own token: AOTAutograd threads one
+    token through them all (made at the start, sunk at the end), which
+    would tie every branch that checks a Cholesky (`_linalg_check_errors`)
+    to the others, and a partition returning a token fails in inductor
+    ("'NoneType' object has no attribute 'get_size'"). Each call's token is
+    made just before it and sunk just after it: the checks still run, each
+    with its branch, in no order between branches."""
+    g = gm.graph
+    effects = [n for n in g.nodes if n.target is torch.ops.higher_order.with_effects]
+    if not effects:
+        return
+    made = [n for n in g.nodes if n.target is torch.ops.prims._make_token.default]
+    for n in [n for n in g.nodes if n.target is torch.ops.prims._sink_tokens.default]:
+        g.erase_node(n)
+    for e in effects:
+        with g.inserting_before(e):
+            token = g.call_function(torch.ops.prims._make_token.default, ())
+        token.meta = dict(made[0].meta) if made else {"val": torch.empty(0)}
+        e.args = (token,) + tuple(e.args[1:])
+        outs = [u for u in e.users if u.target is operator.getitem and u.args[1] == 0]
+        if outs:
+            out = outs[0]
+        else:
+            with g.inserting_after(e):
+                out = g.call_function(operator.getitem, (e, 0))
+            out.meta = {"val": token.meta.get("val")}
+        last = max(e.users, key=lambda u: list(g.nodes).index(u))
+        with g.inserting_after(last):
+            g.call_function(torch.ops.prims._sink_tokens.default, ([out],)).meta = {"val": None}
+    for n in made:
+        if not n.users:
+            g.erase_node(n)
+    g.lint()
+    gm.recompile()
 
 
 def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside):

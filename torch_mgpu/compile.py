@@ -110,8 +110,12 @@ class _Part:
         patches = {}
         if multi and cpu:
             # Lanes call it side by side: the C++ wrapper lets go of the GIL,
-            # and each call gets its share of the cores.
-            patches = {"cpp_wrapper": True, "cpp.threads": _cpu_threads(lanes)}
+            # and each call gets its share of the cores. Not where it checks
+            # (a Cholesky's `_linalg_check_errors`): the C++ wrapper raises
+            # the check's LinAlgError as a RuntimeError.
+            effects = any(n.target is torch.ops.higher_order.with_effects for n in sub.graph.nodes)
+            patches = {"cpp.threads": _cpu_threads(lanes)} if effects else \
+                {"cpp_wrapper": True, "cpp.threads": _cpu_threads(lanes)}
         t0 = time.perf_counter()
         with inductor_config.patch(patches):
             self.compiled = compile_fx_inner(sub, example_inputs,
@@ -263,6 +267,7 @@ class CompiledGraph:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.placeholder_index = {n: i for i, n in enumerate(placeholders)}
         self.mutations = _strip_input_mutations(gm, self.placeholder_index)
+        _partition.untie_effects(gm)
         for p, v in zip(placeholders, example_inputs):
             if "val" not in p.meta:
                 p.meta["val"] = v

@@ -140,6 +140,23 @@ struct PartitionHandle {
 // (inductor's C++ wrapper lets go of it inside). Python errors become C++
 // errors with their message here, while the GIL is held.
 namespace torch_mgpu::python {
+namespace {
+// A Python error of compiled code as the C++ error torch raises it back as:
+// its class kept for torch's own (LinAlgError, IndexError, ValueError,
+// TypeError, NotImplementedError), RuntimeError with its text otherwise.
+[[noreturn]] void rethrow_as_cpp(const py::error_already_set& e) {
+  static PyObject* const linalg_error = py::object(py::module_::import("torch.linalg").attr("LinAlgError")).release().ptr();
+  PyObject* type = e.type().ptr();
+  const std::string msg = py::str(e.value());
+  TORCH_CHECK_LINALG(!PyErr_GivenExceptionMatches(type, linalg_error), msg);
+  TORCH_CHECK_NOT_IMPLEMENTED(!PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError), msg);
+  TORCH_CHECK_INDEX(!PyErr_GivenExceptionMatches(type, PyExc_IndexError), msg);
+  TORCH_CHECK_VALUE(!PyErr_GivenExceptionMatches(type, PyExc_ValueError), msg);
+  TORCH_CHECK_TYPE(!PyErr_GivenExceptionMatches(type, PyExc_TypeError), msg);
+  TORCH_CHECK(false, e.what());
+}
+} // namespace
+
 ir::Partition::Fn tensors_fn(py::function fn) {
   std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
     if (Py_IsInitialized()) {
@@ -163,7 +180,7 @@ ir::Partition::Fn tensors_fn(py::function fn) {
       for (auto h : r) out.push_back(h.cast<at::Tensor>());
       return out;
     } catch (py::error_already_set& e) {
-      TORCH_CHECK(false, e.what());
+      rethrow_as_cpp(e);
     }
   };
 }
