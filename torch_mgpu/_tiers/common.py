@@ -9,6 +9,19 @@ class Unsupported(Exception):
     """A graph tier 1 does not take; it stays in tier 0."""
 
 
+def is_contiguous(sizes, strides):
+    """Whether sizes and strides are contiguous as torch's is_contiguous()
+    says (sizes of 1 and empty tensors take any stride)."""
+    expected = 1
+    for size, stride in reversed(list(zip(sizes, strides))):
+        if size == 0:
+            return True
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 class Geometry(NamedTuple):
     """Where a tensor lies in its storage, in elements, and its dtype."""
     sizes: list

@@ -9,7 +9,7 @@ import struct
 
 import torch
 
-from .common import Unsupported, _op
+from .common import Unsupported, _op, is_contiguous
 
 
 # Ops whose CPU kernel rounds a Python number operand to a half or
@@ -397,19 +397,6 @@ def _nll_loss_formula(node):
     return _WholeCall(functools.partial(_eager_nll_loss, _op(node["op"], node["overload"]), names), names)
 
 
-def _contiguous(geom):
-    """Whether a geometry is contiguous as torch's is_contiguous() says
-    (sizes of 1 and empty tensors take any stride)."""
-    expected = 1
-    for size, stride in reversed(list(zip(geom.sizes, geom.strides))):
-        if size == 0:
-            return True
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _eager_gelu(names, *vals):
     """gelu (the erf form) as eager's CPU kernel computes it on a
     contiguous float32 or bfloat16 tensor of two or more elements (its
@@ -437,7 +424,7 @@ def _gelu_formula(node):
     if x.kind != "t" or x.value.geom.dtype not in (torch.float32, torch.bfloat16):
         return None
     geom = x.value.geom
-    if math.prod(geom.sizes) < 2 or not _contiguous(geom):
+    if math.prod(geom.sizes) < 2 or not is_contiguous(geom.sizes, geom.strides):
         return None
     return _WholeCall(functools.partial(_eager_gelu, names), names)
 

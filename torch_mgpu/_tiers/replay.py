@@ -2,18 +2,9 @@
 and the geometry helpers that place its views."""
 import torch
 
-from .common import Unsupported, _op_for_args
+from .common import Unsupported, _op_for_args, is_contiguous
 from .numerics import (_REDUCES_IN_OUT_DTYPE, _call_eager_formula, _compute_dtype, _eager_formula, _number_rounding,
                        _result_dtypes, _rounded, _unary_formula)
-
-
-def _contiguous(sizes, strides):
-    expected = 1
-    for d, st in zip(reversed(sizes), reversed(strides)):
-        if d != 1 and st != expected:
-            return False
-        expected *= d
-    return True
 
 
 def _strided_read(flat, sizes, strides, offset):
@@ -205,8 +196,8 @@ class _Replay:
             fnumel = 1
             for d in fsizes:
                 fnumel *= d
-            if (foffset == offset == 0 and numel == fnumel and _contiguous(fsizes, fstrides)
-                    and _contiguous(sizes, strides)):
+            if (foffset == offset == 0 and numel == fnumel and is_contiguous(fsizes, fstrides)
+                    and is_contiguous(sizes, strides)):
                 # The same elements in the same order (view, flatten,
                 # unsqueeze of a contiguous result): a reshape of the
                 # values, whatever the traced result's layout.
@@ -215,7 +206,7 @@ class _Replay:
             if perm is not None:
                 return base.permute(perm)  # t(), transpose, permute: by the values too
             base = self.laid_out(v)
-        if _contiguous(sizes, strides) and offset + numel <= base.numel():
+        if is_contiguous(sizes, strides) and offset + numel <= base.numel():
             # Views inductor follows better than as_strided.
             return base.narrow(0, offset, numel).view(sizes)
         # A buffer the graph made is read by views or a gather (see
