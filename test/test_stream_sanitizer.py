@@ -26,6 +26,18 @@ from common import tree_map  # noqa: E402
 C = torch_mgpu._C
 
 
+@pytest.fixture(autouse=True)
+def node_by_node():
+    """Tier 0 (nodes on the lanes' streams), whatever the default: a
+    workload run many times would otherwise get hot and run compiled code
+    (a dropped record or wait then finds nothing to drop). Tests of
+    compiled parts turn tier 1 on themselves (`compiled_parts`)."""
+    hits = C._tier_compile_hits()
+    torch_mgpu.configure(compile=0)
+    yield
+    torch_mgpu.configure(compile=hits)
+
+
 @pytest.fixture
 def sanitized():
     """Runs the test under the sanitizer; any race fails it."""

@@ -574,13 +574,37 @@ def test_random_graphs_stay_in_tier_0(tiered):
     assert tier1_stats()["tier1_hot_graphs"] == before["tier1_hot_graphs"]
 
 
-def test_tiering_is_off_unless_asked_for():
-    assert torch_mgpu._C._tier_compile_hits() == 0  # the default (TORCH_MGPU_COMPILE unset)
-    before = tier1_stats()
-    xm = torch.randn(16).to("mgpu")
-    for _ in range(4):
-        (torch.cos(xm) * 3).cpu()
-    assert tier1_stats() == before
+TIERING_DEFAULT = """
+import torch, torch_mgpu
+print(torch_mgpu._C._tier_compile_hits(), torch_mgpu._tiers._thread is not None and torch_mgpu._tiers._thread.is_alive())
+"""
+
+
+@pytest.mark.parametrize("value,hits,thread", [(None, 2, True), ("on", 2, True), ("0", 0, False), ("off", 0, False),
+                                               ("5", 5, True)])
+def test_tiering_is_on_by_default_and_off_when_asked(value, hits, thread):
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_MGPU_COMPILE"}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
+    if value is not None:
+        env["TORCH_MGPU_COMPILE"] = value
+    done = subprocess.run([sys.executable, "-c", TIERING_DEFAULT], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(hits), str(thread)]
+
+
+def test_tiering_off_compiles_nothing():
+    hits = torch_mgpu._C._tier_compile_hits()
+    torch_mgpu.configure(compile=0)
+    try:
+        before = tier1_stats()
+        xm = torch.randn(16).to("mgpu")
+        for _ in range(4):
+            (torch.cos(xm) * 3).cpu()
+        assert tier1_stats() == before
+        assert torch_mgpu.last_plan().tier == 0
+    finally:
+        torch_mgpu.configure(compile=hits)
     with pytest.raises(ValueError, match="hit count"):
         torch_mgpu.configure(compile=-1)
 

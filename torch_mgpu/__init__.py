@@ -104,10 +104,11 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
     lanes_per_device: lanes on each device (default: the host's cores shared
     among CPU devices, 4 streams per CUDA device). policy: "auto" (default),
     "heft" or "serial". Arguments left None keep their current value.
-    compile: tier 1 of the lazy path (off by default): a graph that has run
-    this many times node by node (True: 2) is compiled with inductor in the
-    background, and later syncs of it run the compiled code when it measures
-    faster; False or 0 turns it off (results bitwise equal to eager's).
+    compile: tier 1 of the lazy path (on by default, at 2): a graph that has
+    run this many times node by node (True: 2) is compiled with inductor in
+    the background, and later syncs of it run the compiled code when it
+    measures faster; False or 0 turns it off (results bitwise equal to
+    eager's).
     Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY,
     TORCH_MGPU_COMPILE (a hit count, "on" or "off").
     """

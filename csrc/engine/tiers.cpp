@@ -117,9 +117,9 @@ std::atomic<bool>& trial_slot() {
 std::atomic<int>& hits_slot() {
   static std::atomic<int> n{[] {
     const auto e = ir::env::text(ir::env::Var::Compile);
-    if (!e || e->empty() || *e == "off") return 0;
-    if (e && *e == "on") return 2;
-    return static_cast<int>(ir::env::integer(ir::env::Var::Compile, 0));
+    if (!e || e->empty() || *e == "on") return kDefaultCompileHits;  // on by default
+    if (*e == "off") return 0;
+    return static_cast<int>(ir::env::integer(ir::env::Var::Compile, kDefaultCompileHits));
   }()};
   return n;
 }

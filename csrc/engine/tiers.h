@@ -116,8 +116,10 @@ struct CompiledGraph {
 };
 
 // The hit count at which a graph is compiled (graphs counted by structure:
-// their constants' classes, not their values); 0: tiering off (the default;
-// TORCH_MGPU_COMPILE=N turns it on at N).
+// their constants' classes, not their values): kDefaultCompileHits unless
+// TORCH_MGPU_COMPILE (or configure(compile=)) says otherwise; 0: tiering
+// off. A process without a compiler (C++ without Python) counts nothing.
+constexpr int kDefaultCompileHits = 2;
 int compile_hits();
 void set_compile_hits(int hits);
 // Whether compiled code must measure faster to be kept (the default); off,
