@@ -119,6 +119,28 @@ def record_plan_ratio():
 
 TIER1_HITS = 2  # configure(compile=...) for the tier-1 variant
 
+# How the default column's runs ran: graphs run (syncs and background
+# flights) and those of them that ran compiled code (tier 1).
+DEFAULT_WAY = {"graphs": 0, "tier1": 0}
+
+
+def default_enter():
+    DEFAULT_WAY["before"] = torch_mgpu.stats()
+
+
+def default_leave():
+    record_plan_ratio()
+    s, b = torch_mgpu.stats(), DEFAULT_WAY.pop("before")
+    DEFAULT_WAY["graphs"] += (s["syncs"] - b["syncs"]) + (s["background_flushes"] - b["background_flushes"])
+    DEFAULT_WAY["tier1"] += s["tier1_runs"] - b["tier1_runs"]
+
+
+def default_way():
+    """`tier 1 a/b`: of the b graphs the default column's runs ran, a ran
+    compiled code; `tier 0` where none did."""
+    g, t1 = DEFAULT_WAY["graphs"], DEFAULT_WAY["tier1"]
+    return f"tier 1 {t1}/{g}" if t1 else "tier 0"
+
 
 def tier1_enter():
     # Tier 1 runs foreground syncs only: background execution off, so that
@@ -280,8 +302,9 @@ def run_case(case, quick):
             recorded.clear()
         variants["mgpu"] = (lambda: recorded.append(case.fn(*mg_in)), nothing, sync_recorded)
     else:
-        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), nothing, record_plan_ratio)
+        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), default_enter, default_leave)
         settle_default(case, mg_in)
+        DEFAULT_WAY.update(graphs=0, tier1=0)
         if not quick:
             res.update(prepare_tier1(case, mg_in))
             if "tier1" in res:
@@ -292,6 +315,8 @@ def run_case(case, quick):
     finally:
         torch_mgpu.set_async_ops(saved_async)
         torch_mgpu.configure(compile=saved_hits)
+    if not capture_only:
+        res["default_way"] = default_way()
     # The last plan of each timed (and warm-up) run: predicted / measured makespan.
     res["plan_ratio"] = statistics.median(PLAN_RATIOS) if PLAN_RATIOS else float("nan")
     if capture_only:
@@ -442,9 +467,11 @@ def main():
         "",
         "`predicted / measured`: median over the timed runs of the last executed plan's predicted makespan over",
         "its measured one (last_plan(); with background execution, the plan of the graph left at the sync).",
+        "`mgpu` is the default configuration (tier 1 on, background flights), timed after its compiles settled;",
+        "`default ran`: of the graphs its warm-up and timed runs ran (syncs and flights), those that ran compiled code.",
         "",
-        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | mgpu tier 1 | simulated | simulated / measured | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | default ran | mgpu tier 1 | simulated | simulated / measured | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     compiled_lines = [
         "",
@@ -473,7 +500,7 @@ def main():
         if case.extra.get("ops"):
             n = case.extra["ops"]
             cap = (f"capture {r['mgpu']['median'] * 1e6 / n:.2f} us/op vs eager {r['eager']['median'] * 1e6 / n:.2f} us/op")
-            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | - | - | {cap} | - | - | - |")
+            lines.append(f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | - | - | {cell('mgpu')} | - | - | - | - | {cap} | - | - | - |")
             continue
         sp = best_eager(r) / r["mgpu"]["median"]
         pm = r["plan"]
@@ -481,7 +508,7 @@ def main():
         sim_ratio = f"{r['sim_ratio']:.2f}" if "sim_ratio" in r else "-"
         lines.append(
             f"| {case.workload} | {case.name} | {cell('eager')} | {cell('eager_1t')} | {cell('compile')} | "
-            f"{cell('jit_fork')} | {cell('mgpu')} | {cell('mgpu_tier1')} | {cell('simulated')} | {sim_ratio} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
+            f"{cell('jit_fork')} | {cell('mgpu')} | {r.get('default_way', '-')} | {cell('mgpu_tier1')} | {cell('simulated')} | {sim_ratio} | {sp:.2f}x | {pm['lanes_used']} | {ratio} | "
             f"{r['eager']['peak_mib']:.1f} / {r['mgpu']['peak_mib']:.1f} |")
     for case, r in rows:
         if "compile" not in r or "mgpu_compiled" not in r:
