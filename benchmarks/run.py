@@ -416,6 +416,24 @@ def fmt_ms(r):
     return f"{r['median'] * 1e3:.3f} ({r['min'] * 1e3:.2f}..{r['max'] * 1e3:.2f})"
 
 
+def kept_sections(path, md):
+    """The `## ` sections of the file at `path` that this run did not write
+    (measurements of other scripts, kept by hand, each with its date), to
+    follow the new tables: a run replaces only what it measured."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        old = f.read()
+    written = {line for line in md.splitlines() if line.startswith("## ")}
+    out, keep = [], False
+    for line in old.splitlines():
+        if line.startswith("## "):
+            keep = line not in written
+        if keep:
+            out.append(line)
+    return ("\n\n" + "\n".join(out).rstrip() + "\n") if out else ""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -558,7 +576,9 @@ def main():
         bench_simulator.gpu_report([c for mod in MODULES for c in mod.cases(a.quick)]))
     print(sim_md)
     md = "\n".join(lines) + "\n\n" + sim_md
-    with open(os.path.join(out_dir, "RESULTS.md" if not a.quick else "results_quick.md"), "w") as f:
+    path = os.path.join(out_dir, "RESULTS.md" if not a.quick else "results_quick.md")
+    md += kept_sections(path, md)
+    with open(path, "w") as f:
         f.write(md)
     try:
         import matplotlib
