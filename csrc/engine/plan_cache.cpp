@@ -165,7 +165,7 @@ void learn(const ir::Graph& g, const Lanes& l, int caller_threads, const std::sh
   }
 }
 
-bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].streams; }
+bool stream_lanes(const Lanes& l) { return !l.places.empty() && l.places[0].on_stream(); }
 
 plan::Topology for_caller(const plan::Topology& t, int threads) {
   plan::Topology out = t;

@@ -76,7 +76,7 @@ uint64_t key_of(const ir::Graph& g, const Lanes& l) {
   uint64_t h = ir::hash_combine(g.hash, l.places.size());
   for (size_t i = 0; i < l.places.size(); ++i) {
     h = ir::hash_combine(h, std::hash<std::string>{}(i < l.topo.lanes.size() ? l.topo.lanes[i].name : ""));
-    h = ir::hash_combine(h, l.places[i].streams ? 1 : 0);
+    h = ir::hash_combine(h, l.places[i].on_stream() ? 1 : 0);
   }
   return h;
 }
@@ -213,9 +213,9 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
   const c10::Device device = l.places[0].device;
   if (!device.is_cpu() && !device.is_cuda()) return "lanes off the host and CUDA";
   for (const auto& p : l.places) {
-    if (p.remote) return "lanes on another rank";
+    if (p.is_remote()) return "lanes on another rank";
     if (p.device != device) return "lanes on more than one device";
-    if (p.streams != l.places[0].streams) return "stream lanes beside host lanes";
+    if (p.on_stream() != l.places[0].on_stream()) return "stream lanes beside host lanes";
   }
   const ir::CallState plain;
   for (const auto& n : g.nodes) {
@@ -340,7 +340,7 @@ std::shared_ptr<CompileRequest> request_for(const ir::Graph& g, uint64_t key, co
   req->key = key;
   req->varying = std::move(varying);
   req->device = l.places.at(0).device.str();
-  req->streams = l.places.at(0).streams;
+  req->streams = l.places.at(0).on_stream();
   std::vector<int> lanes, part_of;
   const auto parts = split_for_lanes(g, l, lanes, part_of);
   if (!parts.empty()) {

@@ -143,7 +143,7 @@ runtime::ExecResult call(const ir::Graph& g, const CompiledGraph& c, const Lanes
     // The parts take the interpreter lock to be called: lanes on other
     // threads must not wait for it while this thread holds it.
     std::optional<capture::InterpreterRelease> unlocked;
-    if (c.parts.size() > 1 || places[0].streams) unlocked.emplace();
+    if (c.parts.size() > 1 || places[0].on_stream()) unlocked.emplace();
     r = runtime::execute(g, p, places, &parts);
   }
   // Nothing was written (compiled code writes no input): the caller runs

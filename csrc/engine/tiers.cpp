@@ -289,7 +289,7 @@ namespace {
 // Whether code compiled for some lanes may run on `l` (the same device and
 // kind of lane, and every part's lane there).
 bool fits(const CompiledGraph& c, const Lanes& l) {
-  if (l.places.empty() || c.device != l.places[0].device.str() || c.streams != l.places[0].streams) return false;
+  if (l.places.empty() || c.device != l.places[0].device.str() || c.streams != l.places[0].on_stream()) return false;
   for (const auto& lay : c.layout)
     if (lay.lane < 0 || static_cast<size_t>(lay.lane) >= l.places.size()) return false;
   return true;

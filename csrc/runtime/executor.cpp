@@ -35,7 +35,7 @@ Run::Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place
       if (d < 0) continue;
       readers[output_at[d] + ops[k].index]++;
       const Place& from = places[p.lane_of[d]];
-      if (from.streams && p.lane_of[d] != p.lane_of[i] && !events[d]) events[d].emplace(from.device.type());
+      if (from.on_stream() && p.lane_of[d] != p.lane_of[i] && !events[d]) events[d].emplace(from.device.type());
     }
   }
   for (const auto& r2 : g.roots) {
@@ -43,7 +43,7 @@ Run::Run(const ir::Graph& graph, const plan::Plan& plan, const std::vector<Place
     if (d >= 0) is_root[output_at[d] + r2.index] = 1;
   }
   bool remote = false;
-  for (size_t l = 0; l < p.lanes.size(); ++l) remote |= static_cast<bool>(places[l].remote);
+  for (size_t l = 0; l < p.lanes.size(); ++l) remote |= places[l].is_remote();
   if (remote) {
     remote_slot.assign(output_at[n], -1);
     exported.assign(output_at[n], 0);
@@ -98,7 +98,7 @@ c10::Storage Run::leaf(const ir::Node& n, const Place& place) {
   // it) and complete on return: the copy is kept and read on any stream.
   observers().before_transfer();
   c10::Storage moved = copy_to(n.data, place.device, /*wait=*/true);
-  if (place.streams)
+  if (place.on_stream())
     observers().stream_access(place.device, "the copy of data node " + std::to_string(n.id) + " to " + place.device.str(),
                               {n.data.data()}, {moved.data()}, /*synchronous=*/true);
   observers().transferred(moved.nbytes());
@@ -114,7 +114,7 @@ c10::Storage Run::operand(const ir::Value& v, int d, int lane, std::unique_lock<
   c10::Storage src = res.values[d][v.index];
   if (p.lanes[src_lane].device == device) return src;
   // Sent back by another rank's lane: already a copy in host memory.
-  if (places[src_lane].remote && src.device() == place.device) return src;
+  if (places[src_lane].is_remote() && src.device() == place.device) return src;
   auto key = std::make_tuple(d, v.index, device);
   auto [c, first] = copies.try_emplace(key);
   if (!first) {
@@ -134,10 +134,10 @@ c10::Storage Run::operand(const ir::Value& v, int d, int lane, std::unique_lock<
     // A device-to-device copy is queued after the producer on its stream;
     // this lane's stream (current for its device) waits for the copy.
     std::optional<c10::StreamGuard> on_producer;
-    if (places[src_lane].streams) on_producer.emplace(places[src_lane].stream);
+    if (places[src_lane].on_stream()) on_producer.emplace(places[src_lane].stream);
     observers().before_transfer();
     moved.bytes = copy_to(src, place.device);
-    if (places[src_lane].streams) {
+    if (places[src_lane].on_stream()) {
       observers().stream_access(places[src_lane].device,
                                 "the copy of node " + std::to_string(g.nodes[d]->id) + "'s value to " +
                                     place.device.str(),
@@ -147,14 +147,14 @@ c10::Storage Run::operand(const ir::Value& v, int d, int lane, std::unique_lock<
       // copy also orders it with the destination's current stream, both
       // ways; the way back, the copy after the destination block's own
       // stream, is still ATen's).
-      if (place.streams) {
+      if (place.on_stream()) {
         c10::Event copied(places[src_lane].device.type());
         copied.record(places[src_lane].stream);
         copied.block(place.stream);
       }
     }
     on_producer.reset();
-    if (place.streams) {
+    if (place.on_stream()) {
       moved.ready = std::make_shared<c10::Event>(place.device.type());
       moved.ready->record(place.stream);
     }
@@ -299,7 +299,7 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     std::vector<int> busy;
     for (size_t l = 0; l < p.lane_order.size(); ++l) {
       if (p.lane_order[l].empty()) continue;
-      if (places[l].remote) {
+      if (places[l].is_remote()) {
         if (parts)
           for (int i : p.lane_order[l])
             TORCH_CHECK(parts->part_of[i] < 0, "mgpu: a part runs as one call on a lane of this process only");

@@ -44,6 +44,7 @@ std::vector<Place> make_places(const plan::Topology& t) {
     Place p;
     p.device = physical_device(t.devices[lane.device]);
     if (lane.rank > 0) {
+      p.kind = LaneKind::Remote;
       p.remote = remote(lane.rank);
       p.there = device_on_rank(t.devices[lane.device]);
       out.push_back(p);
@@ -54,7 +55,7 @@ std::vector<Place> make_places(const plan::Topology& t) {
       if (p.device.is_cuda()) init_cuda();
       c10::impl::VirtualGuardImpl impl(p.device.type());
       p.stream = impl.getStreamFromGlobalPool(p.device, /*isHighPriority=*/false);
-      p.streams = true;
+      p.kind = LaneKind::Stream;
     }
     out.push_back(p);
   }

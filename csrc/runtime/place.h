@@ -1,6 +1,7 @@
 #pragma once
-// Where a lane runs, and how bytes move between places. One executor serves
-// both kinds of lane; only the calls here differ between them.
+// Where a lane runs (its kind: LaneKind), and how bytes move between
+// places. One executor serves every kind; only the calls here and the
+// lane's run function differ between them.
 //
 // A CPU lane is a host thread: a node's work is done when its call returns,
 // so host-side ordering (the executor waits for a node's inputs) is all the
@@ -26,15 +27,27 @@ namespace torch_mgpu::runtime {
 
 class Remote;
 
+// What runs a lane's nodes, and so how they are ordered:
+// - Host: a thread of this process; a node is done when its call returns.
+// - Stream: a thread of this process launching onto one stream; ordered
+//   by the stream (events across lanes), done when the stream gets there.
+// - Remote: another rank runs the lane's nodes as a program (remote.h).
+// The executor runs each kind by its own function (run_lanes.cpp:
+// run_host_lane, run_stream_lane; remote_lanes.cpp for remote lanes).
+enum class LaneKind { Host, Stream, Remote };
+
 struct Place {
+  LaneKind kind = LaneKind::Host;
   c10::Device device{c10::kCPU};
-  c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
-  bool streams = false;  // ordered by its stream (events across lanes), not by the host
-  // A lane of another rank (runtime/remote.h): its nodes run there, on
+  c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};  // a Stream lane's
+  // A Remote lane's rank (runtime/remote.h): its nodes run there, on
   // `there` (that rank's CPU or one of its CUDA devices); `device` is the
   // host, where its values land when read here.
   std::shared_ptr<Remote> remote;
   c10::Device there{c10::kCPU};
+
+  bool on_stream() const { return kind == LaneKind::Stream; }
+  bool is_remote() const { return kind == LaneKind::Remote; }
 };
 
 // "cpu" and "cpu:N" (virtual CPU devices are all the host) or "cuda:N";

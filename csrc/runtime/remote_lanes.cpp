@@ -219,7 +219,7 @@ void Run::send_inputs(RemoteLane& rl) noexcept {
             // is set once the kernel is queued), and waited for.
             const Place& from = places[p.lane_of[in.producer]];
             std::optional<c10::StreamGuard> after;
-            if (from.streams) after.emplace(from.stream);
+            if (from.on_stream()) after.emplace(from.stream);
             bytes = copy_to(bytes, c10::Device(c10::kCPU), /*wait=*/true);
           }
         } else {

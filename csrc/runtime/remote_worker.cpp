@@ -319,7 +319,7 @@ struct Worker {
       if (!prog.device.is_cpu()) {
         on_device.emplace(prog.device);
         here.stream = c10::impl::VirtualGuardImpl(prog.device.type()).getStream(prog.device);
-        here.streams = true;
+        here.kind = LaneKind::Stream;
       }
       auto& slots = wk.slots;
       slots.assign(prog.slots, c10::Storage());
@@ -433,7 +433,7 @@ struct Worker {
         {
           ir::CallStateGuard settings(st.node->state);
           out = run_node(*st.node, std::move(operands), st.reuse, here);
-          if (here.streams) here.stream.synchronize();
+          if (here.on_stream()) here.stream.synchronize();
         }
         forwarded.assign(out.size(), c10::Storage());
         for (size_t k = 0; k < out.size(); ++k)

@@ -342,9 +342,16 @@ struct Run {
   // events carry no time keeps the host's times.
   void device_times(int l, const c10::Event& start, double start_s);
 
+  // Lane l of this process, by its kind (place.h): a host lane's nodes (and
+  // fused groups) in order; a stream lane's queued on its stream, which is
+  // then synchronized (a device error fails the run). Remote lanes run as
+  // programs (remote_lanes.cpp).
   void run_lane(int l) noexcept;
-
-  void run_lane_nodes(int l);
+  void run_host_lane(int l);
+  void run_stream_lane(int l);
+  // Lane l's nodes in plan order: compiled parts as one call, fused groups
+  // (`fuse`) as one pass, the others one by one.
+  void run_in_order(int l, bool fuse);
 };
 
 } // namespace torch_mgpu::runtime::detail

@@ -61,11 +61,11 @@ void Run::run_one(int lane, int i) {
     // Every failure of the node's own work, on the host or on its stream,
     // is the node's error: waits for other lanes, the allocator's record
     // of its operands, the kernel, the event after it.
-    if (place.streams) order_on_stream(lane, g.deps[i], operands);
+    if (place.on_stream()) order_on_stream(lane, g.deps[i], operands);
     observers().before_node(node);
     out = run_node(node, std::move(operands), *reuse, place);
     if (events[i]) events[i]->record(place.stream);
-    if (place.streams) {
+    if (place.on_stream()) {
       ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
       ends[i]->record(place.stream);
     }
@@ -234,7 +234,7 @@ void Run::run_part(int lane, const Part& part) {
   std::exception_ptr error;
   std::string message;
   try {
-    if (place.streams) {
+    if (place.on_stream()) {
       // After the other lanes' producers of what it reads, as a node.
       std::vector<int> producers;
       for (int i : part.nodes)
@@ -246,7 +246,7 @@ void Run::run_part(int lane, const Part& part) {
     made = part.call(reads, place, written);
     TORCH_CHECK(made.size() == part.makes.size(), "mgpu: ", part.name, " returned ", made.size(), " values, expected ",
                 part.makes.size());
-    if (place.streams) {
+    if (place.on_stream()) {
       if (observers().watches_streams()) {
         std::vector<const void*> read;
         for (const auto& s : reads) read.push_back(s.data());
@@ -325,7 +325,16 @@ void Run::device_times(int l, const c10::Event& start, double start_s) {
 
 void Run::run_lane(int l) noexcept {
   try {
-    run_lane_nodes(l);
+    switch (places[l].kind) {
+      case LaneKind::Host:
+        run_host_lane(l);
+        break;
+      case LaneKind::Stream:
+        run_stream_lane(l);
+        break;
+      case LaneKind::Remote:
+        TORCH_INTERNAL_ASSERT(false, "mgpu: a remote lane runs as a program (remote_lanes.cpp)");
+    }
   } catch (...) {
     // Setting the lane up failed (its stream guard on a device in error):
     // its nodes fail.
@@ -333,22 +342,45 @@ void Run::run_lane(int l) noexcept {
   }
 }
 
-void Run::run_lane_nodes(int l) {
-  const Place& place = places[l];
+void Run::run_host_lane(int l) {
   HostCacheScope host_memory;  // kernels' large outputs reuse freed blocks
-  std::optional<c10::StreamGuard> guard;
-  if (place.streams) guard.emplace(place.stream);
+  run_in_order(l, /*fuse=*/!p.fusion.group_at.empty());  // host kernels over host memory
+}
+
+void Run::run_stream_lane(int l) {
+  const Place& place = places[l];
+  HostCacheScope host_memory;
+  c10::StreamGuard guard(place.stream);
   const auto& order = p.lane_order[l];
-  // Stream lanes: the device's clock for this lane's nodes starts here.
-  std::optional<c10::Event> lane_start;
-  double lane_start_s = 0;
-  if (place.streams && !order.empty()) {
-    lane_start.emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
-    lane_start->record(place.stream);
-    lane_start_s = now();
+  if (order.empty()) return;
+  // The device's clock for this lane's nodes starts here.
+  c10::Event lane_start(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
+  lane_start.record(place.stream);
+  const double lane_start_s = now();
+  run_in_order(l, /*fuse=*/false);
+  try {
+    observers().before_stream_sync();
+    place.stream.synchronize();
+    observers().lane_done();
+    device_times(l, lane_start, lane_start_s);
+  } catch (const std::exception& e) {
+    // The device reported an error for work queued on this stream; which
+    // kernel failed it cannot say. The run raises it at the sync; values
+    // keep whatever the device left (a device in this state fails every
+    // later call anyway).
+    std::lock_guard<std::mutex> lock(m);
+    observers().node_failed();
+    if (!res.first_error) {
+      res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
+          " failed: " + message_of(e);
+      res.first_error = error_with(res.first_message);
+    }
   }
+}
+
+void Run::run_in_order(int l, bool fuse) {
+  const auto& order = p.lane_order[l];
   const auto& f = p.fusion;
-  const bool fuse = !f.group_at.empty() && !place.streams && !place.remote;  // host kernels over host memory
   for (size_t k = 0; k < order.size(); ++k) {
     const int part = parts ? parts->part_at[order[k]] : -1;
     const int grp = fuse && part < 0 ? f.group_at[order[k]] : -1;
@@ -362,25 +394,6 @@ void Run::run_lane_nodes(int l) {
       for (size_t s = 0; s < steps; ++s) fail_unexpected(order[k + s], std::current_exception());
     }
     k += steps - 1;
-  }
-  if (!place.streams || order.empty()) return;
-  try {
-    observers().before_stream_sync();
-    place.stream.synchronize();
-    observers().lane_done();
-    device_times(l, *lane_start, lane_start_s);
-  } catch (const std::exception& e) {
-    // The device reported an error for work queued on this stream; which
-    // kernel failed it cannot say. The run raises it at the sync; values
-    // keep whatever the device left (a device in this state fails every
-    // later call anyway).
-    std::lock_guard<std::mutex> lock(m);
-    observers().node_failed();
-    if (!res.first_error) {
-      res.first_message = "mgpu: synchronizing " + p.lanes[l].name + " after " + std::string(g.nodes[order.back()]->name) +
-          " failed: " + message_of(e);
-      res.first_error = error_with(res.first_message);
-    }
   }
 }
 

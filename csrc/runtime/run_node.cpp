@@ -260,7 +260,7 @@ std::vector<c10::Storage> run_node(const ir::Node& n, std::vector<c10::Storage> 
   // Stream lanes watched by an observer (the sanitizer): what the node's
   // work on its stream reads.
   std::vector<const void*> stream_reads;
-  const bool watched = place.streams && observers().watches_streams();
+  const bool watched = place.on_stream() && observers().watches_streams();
   if (watched)
     for (const auto& s : operands) stream_reads.push_back(s.data());
   // Each operand a distinct storage; writes go to a private copy unless the

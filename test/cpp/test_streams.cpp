@@ -105,7 +105,7 @@ std::vector<runtime::Place> stream_places(int lanes) {
   for (int l = 0; l < lanes; ++l) {
     runtime::Place p;
     p.stream = c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCPU), 100 + l);
-    p.streams = true;
+    p.kind = runtime::LaneKind::Stream;
     out.push_back(p);
   }
   return out;
