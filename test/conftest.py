@@ -53,6 +53,19 @@ pin_reference_model()
 
 
 @pytest.fixture
+def node_by_node():
+    """Tier 0 (nodes on the lanes), whatever the default: a test of what
+    nodes do (their faults, their streams) that runs one graph many times
+    would otherwise find it hot and compiled (tier 1, on by default), with
+    no node left to fail or to drop a wait. Tests of compiled code turn
+    tier 1 back on themselves."""
+    hits = torch_mgpu._C._tier_compile_hits()
+    torch_mgpu.configure(compile=0)
+    yield
+    torch_mgpu.configure(compile=hits)
+
+
+@pytest.fixture
 def calibrated_model():
     """Plans under this machine's calibrated model, refined by measured
     times, for the test: the path users run."""

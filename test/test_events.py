@@ -10,6 +10,9 @@ import torch
 import torch_mgpu
 from conftest import async_ops, eager_on_lanes_device, same_values
 
+# What nodes do on the lanes: tier 0, whatever the default (conftest).
+pytestmark = pytest.mark.usefixtures("node_by_node")
+
 
 def chain(x, n):
     for _ in range(n):

@@ -17,6 +17,9 @@ from torch_mgpu import _C
 STEPS = 3
 FAULT_STEP = 1
 
+# Faults are injected into nodes: tier 0, whatever the default.
+pytestmark = pytest.mark.usefixtures("node_by_node")
+
 
 @pytest.fixture
 def lanes_restored():

@@ -13,6 +13,9 @@ import torch
 import torch_mgpu
 from conftest import async_ops, random_dag_program
 
+# What nodes do on the lanes: tier 0, whatever the default (conftest).
+pytestmark = pytest.mark.usefixtures("node_by_node")
+
 
 @pytest.fixture
 def lanes_config():

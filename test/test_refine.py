@@ -10,6 +10,9 @@ import torch
 
 import torch_mgpu
 
+# What nodes do on the lanes: tier 0, whatever the default (conftest).
+pytestmark = pytest.mark.usefixtures("node_by_node")
+
 
 @pytest.fixture
 def two_lanes_sync():

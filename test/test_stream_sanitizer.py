@@ -26,16 +26,9 @@ from common import tree_map  # noqa: E402
 C = torch_mgpu._C
 
 
-@pytest.fixture(autouse=True)
-def node_by_node():
-    """Tier 0 (nodes on the lanes' streams), whatever the default: a
-    workload run many times would otherwise get hot and run compiled code
-    (a dropped record or wait then finds nothing to drop). Tests of
-    compiled parts turn tier 1 on themselves (`compiled_parts`)."""
-    hits = C._tier_compile_hits()
-    torch_mgpu.configure(compile=0)
-    yield
-    torch_mgpu.configure(compile=hits)
+# Tier 0 (nodes on the lanes' streams), whatever the default; tests of
+# compiled parts turn tier 1 on themselves (`compiled_parts`).
+pytestmark = pytest.mark.usefixtures("node_by_node")
 
 
 @pytest.fixture
