@@ -13,6 +13,13 @@ import torch
 
 import torch_mgpu
 from conftest import assert_same
+# Imported here, at collection, not inside a test: the import rewrites
+# hypothesis's modules (a pytest plugin) with ast.parse, and Python 3.11's
+# AST constructor, run beside tier 1's compile thread compiling a graph of
+# an earlier test, raised "SystemError: AST constructor recursion depth
+# mismatch".
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
 
 
 UNARY = [torch.abs, torch.neg, torch.sin, torch.exp, lambda x: torch.sqrt(x.abs()), torch.sign, torch.floor, torch.logical_not,
@@ -388,8 +395,6 @@ def _large_layouts(device, dtype):
 # and rrelu follow their input where eager's are contiguous); the CPU
 # kernel's run over cut inputs in the call's order of dims tells.
 def test_ufunc_results_of_large_inputs_of_mixed_layouts_have_eagers_strides():
-    from torch.testing._internal.common_methods_invocations import op_db
-    from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
     checked, wrong = 0, []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
