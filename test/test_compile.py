@@ -108,6 +108,31 @@ def test_split_invariants_on_random_graphs(seed):
             assert len(groups) == 1
 
 
+def test_units_are_ordered_after_what_they_read_and_in_graph_order_where_free():
+    # An effectful call joins the unit of the value it reads, which can come
+    # before another value it reads: the split then orders units so each
+    # comes after its inputs, keeping graph order among those that are free.
+    class N:
+        def __init__(self, *reads):
+            self.all_input_nodes = list(reads)
+
+    a, b = N(), N()
+    c = N(a, b)
+    d = N()
+    e = N(d)
+    in_order = [[a], [b, c], [d, e]]
+    assert _partition._in_dependency_order(in_order, None) is in_order
+    f, x = N(e), N()  # unit 0 reads unit 3's e, which reads unit 1's d
+    units = [[a, f], [d], [b, c], [e], [x]]
+    got = _partition._in_dependency_order(units, None)
+    assert [u[0] for u in got] == [d, e, a, b, x]
+    g, h = N(), N()
+    g.all_input_nodes = [h]
+    h.all_input_nodes = [g]
+    with pytest.raises(AssertionError, match="cycle"):
+        _partition._in_dependency_order([[g], [h]], None)
+
+
 def test_the_split_prices_ops_with_the_engines_model():
     # One cost model: an op's work comes from the rules the planner prices
     # recorded ops by (sqrt is one vector instruction there, not a

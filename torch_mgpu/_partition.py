@@ -12,6 +12,7 @@ one piece. Here the graph's ops are priced by the engine's model
 (plan/topology.h's estimate_op_work and node_seconds), so the split and the
 plan agree.
 """
+import heapq
 import operator
 
 import torch
@@ -141,11 +142,22 @@ def _in_dependency_order(units, unit_of):
     preds = [{at[i] for n in members for i in n.all_input_nodes if i in at} - {k} for k, members in enumerate(units)]
     if all(all(p < k for p in ps) for k, ps in enumerate(preds)):
         return units
-    done, order = set(), []
-    while len(order) < len(units):
-        k = next(k for k in range(len(units)) if k not in done and preds[k] <= done)
-        done.add(k)
+    waiting = [len(ps) for ps in preds]
+    readers = [[] for _ in units]
+    for k, ps in enumerate(preds):
+        for p in ps:
+            readers[p].append(k)
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:  # the first unit in graph order whose inputs are all made
+        k = heapq.heappop(ready)
         order.append(units[k])
+        for r in readers[k]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    assert len(order) == len(units), "partition units read each other in a cycle"
     return order
 
 
@@ -164,6 +176,7 @@ def untie_effects(gm: torch.fx.GraphModule) -> None:
     made = [n for n in g.nodes if n.target is torch.ops.prims._make_token.default]
     for n in [n for n in g.nodes if n.target is torch.ops.prims._sink_tokens.default]:
         g.erase_node(n)
+    position = {n: k for k, n in enumerate(g.nodes)}
     for e in effects:
         with g.inserting_before(e):
             token = g.call_function(torch.ops.prims._make_token.default, ())
@@ -176,7 +189,9 @@ def untie_effects(gm: torch.fx.GraphModule) -> None:
             with g.inserting_after(e):
                 out = g.call_function(operator.getitem, (e, 0))
             out.meta = {"val": token.meta.get("val")}
-        last = max(e.users, key=lambda u: list(g.nodes).index(u))
+        # `out` is the only user made here, right after `e`: any other comes later.
+        later = [u for u in e.users if u in position]
+        last = max(later, key=position.__getitem__) if later else out
         with g.inserting_after(last):
             g.call_function(torch.ops.prims._sink_tokens.default, ([out],)).meta = {"val": None}
     for n in made:
