@@ -485,6 +485,56 @@ def test_a_compiled_run_that_fails_runs_again_in_tier_0(tiered, monkeypatch):
     assert "injected failure" in torch_mgpu._C._tier_last_error()
 
 
+def test_a_keyboard_interrupt_in_a_compiled_run_stops_the_sync_and_keeps_the_code(tiered, no_trial, monkeypatch):
+    # A SIGINT while the compiled code's Python wrapper runs on the syncing
+    # thread raises KeyboardInterrupt there. It was taken for the code
+    # failing: the code was dropped, tier 0 ran the graph and the program
+    # went on (an LSTM double backward ignored SIGINT under load). Now the
+    # sync raises it with nothing run: the values stay pending and a later
+    # read computes them once; the code stays and runs the next steps.
+    real = _tiers.compile_request
+    interrupt = []
+
+    def interrupted(req):
+        fn, dtypes, description, lifted = real(req)
+
+        def call(tensors):
+            if interrupt:
+                interrupt.clear()
+                raise KeyboardInterrupt
+            return fn(tensors)
+        return call, dtypes, description, lifted
+
+    monkeypatch.setattr(_tiers, "compile_request", interrupted)
+    x = torch.randn(12, 10)  # a graph of its own (another test rejects f's of 16x16)
+    xm = x.to("mgpu")
+
+    def f(t):
+        t.mul_(0.75)
+        return torch.tanh(t).sum(1)
+
+    for k in range(3):
+        torch.testing.assert_close(f(xm).cpu(), f(x), rtol=1e-4, atol=1e-5)
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    assert torch_mgpu.last_plan().tier == 1
+    before = tier1_stats()
+    interrupt.append(True)
+    got = f(xm)
+    with pytest.raises(KeyboardInterrupt):
+        got.cpu()
+    assert not interrupt
+    want = f(x)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)  # computed once, now
+    torch.testing.assert_close(xm.cpu(), x)  # written once
+    assert torch_mgpu.last_plan().tier == 1
+    torch.testing.assert_close(f(xm).cpu(), f(x), rtol=1e-4, atol=1e-5)
+    assert torch_mgpu.last_plan().tier == 1
+    after = tier1_stats()
+    assert after["tier1_fallbacks"] == before["tier1_fallbacks"]
+    assert after["tier1_compiled"] == before["tier1_compiled"]
+
+
 def test_ops_that_size_a_fresh_out_tensor_compile(tiered, no_trial):
     # abs (like other functional ops whose kernel is empty + out=) is
     # recorded as abs.out into a fresh empty tensor it resizes: compiled as

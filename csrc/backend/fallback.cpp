@@ -4,6 +4,7 @@
 // or TORCH_MGPU_SYNC=op asks, else start a background flight when due), and
 // the registrations that send ops to it.
 #include "ir/env.h"
+#include "ir/errors.h"
 #include "backend/backend.h"
 #include "capture/arguments.h"
 #include "capture/borrowed_args.h"
@@ -81,7 +82,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     if (borrowed) borrowed->own();
     // A SIGINT that Python code under the call (a Meta kernel written in
     // Python) took as KeyboardInterrupt stops the program: no eager rerun.
-    if (capture::is_interrupt(e)) throw;
+    ir::rethrow_if_interrupt(e);
     capture::error_handled(e);  // a Python kernel's error is no longer pending
     // No Meta kernel, or the Meta kernel refused the call: run it now on
     // CPU, which either computes it or raises exactly eager's error. Over a

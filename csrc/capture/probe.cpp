@@ -315,7 +315,8 @@ bool order_from_wider_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVal
   if (numel > kMaxCutNumel) return false;
   try {
     return take_cpu_order(probe_cut(op, args, kCut), r);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    ir::rethrow_if_interrupt(e);
     return false;  // Meta's layout stands
   }
 }
@@ -389,7 +390,8 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       if (plain) take_cpu_results(results, meta, /*sizes_too=*/false, /*strides_too=*/false);
       if (order_from_cut) cpu_order = take_cpu_order(results, meta) || order_from_wider_cut(op, args, meta);
       return false;
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      ir::rethrow_if_interrupt(e);
       // The cut shapes, or the call: the full run tells. A call whose only
       // mgpu tensors are out= tensors (`randperm(n, out=t)`, `arange(...,
       // out=t)`) had nothing cut that it reads: its error is the call's.
@@ -412,6 +414,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     return true;
   } catch (const c10::LinAlgError&) {
   } catch (const std::exception& e) {
+    ir::rethrow_if_interrupt(e);
     const std::string msg = message_of(e);
     if (msg.find("not implemented for '") != std::string::npos) throw;
     if (refuses_singular(schema.name())) {
@@ -424,6 +427,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
       } catch (const c10::LinAlgError&) {
         return false;
       } catch (const std::exception& again) {
+        ir::rethrow_if_interrupt(again);
         if (message_of(again).find("singular") != std::string::npos) return false;
         throw;
       }
@@ -434,7 +438,8 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
     HeldWarnings on_ones;
     try {
       probe_call(op, args, Fill::Ones, &on_ones);
-    } catch (const std::exception&) {
+    } catch (const std::exception& again) {
+      ir::rethrow_if_interrupt(again);
       std::rethrow_exception(on_zeros);  // zeros and ones alike: not the data
     }
     warned.take_over(std::move(on_ones));

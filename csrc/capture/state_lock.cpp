@@ -1,4 +1,5 @@
 #include "capture/state_lock.h"
+#include "ir/errors.h"
 
 #include <atomic>
 #include <vector>
@@ -47,9 +48,11 @@ void drain_deferred() {
 }
 } // namespace
 
-void set_interpreter_lock(const InterpreterLock& hooks) { g_hooks = hooks; }
+void set_interpreter_lock(const InterpreterLock& hooks) {
+  g_hooks = hooks;
+  ir::set_interrupt_test(hooks.is_interrupt);
+}
 
-bool is_interrupt(const std::exception& e) { return g_hooks.is_interrupt && g_hooks.is_interrupt(e); }
 void error_handled(const std::exception& e) {
   if (g_hooks.handled) g_hooks.handled(e);
 }

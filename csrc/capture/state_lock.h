@@ -27,9 +27,7 @@ struct InterpreterLock {
   bool (*held)() = nullptr;      // does this thread hold it?
   void* (*release)() = nullptr;  // lets go of it; returns what restore needs
   void (*restore)(void*) = nullptr;
-  // Is this error the interpreter's own stop (KeyboardInterrupt at a
-  // SIGINT, SystemExit) raised by Python code that ran under a call (a Meta
-  // kernel registered from Python), rather than the call's error?
+  // Is this error the interpreter's own stop? (ir::is_interrupt)
   bool (*is_interrupt)(const std::exception&) = nullptr;
   // An error raised by Python code under a call that the caller handles
   // (by rerunning the op on the CPU): no longer this thread's pending one.
@@ -37,9 +35,6 @@ struct InterpreterLock {
 };
 void set_interpreter_lock(const InterpreterLock& hooks);
 
-// Whether `e` is the interpreter's stop (see InterpreterLock::is_interrupt):
-// never taken for an op's error (no fallback, no retry), always rethrown.
-bool is_interrupt(const std::exception& e);
 // `e` (not an interrupt) is handled: see InterpreterLock::handled.
 void error_handled(const std::exception& e);
 

@@ -9,6 +9,7 @@
 
 #include "capture/lazy_tensor.h"
 #include "capture/state_lock.h"
+#include "ir/errors.h"
 #include "engine/plan_cache.h"
 #include "ir/call_state.h"
 #include "ir/held_bytes.h"
@@ -350,6 +351,10 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
     runtime::counters().tier1_runs++;
     return r;
   } catch (const std::exception& e) {
+    // A SIGINT taken by Python code in the compiled run (its wrapper runs on
+    // this thread) stops the sync: nothing was written, the nodes stay
+    // pending, and the code, not at fault, stays.
+    ir::rethrow_if_interrupt(e);
     run.failed = true;
     // Nothing was written: tier 0 runs the graph and raises what it raises.
     // The compiled code is let go of after the lock (its deleter takes the

@@ -145,6 +145,9 @@ namespace {
 // its class kept for torch's own (LinAlgError, IndexError, ValueError,
 // TypeError, NotImplementedError), RuntimeError with its text otherwise.
 [[noreturn]] void rethrow_as_cpp(const py::error_already_set& e) {
+  // An interrupt stays Python's (ir::is_interrupt knows it, and no
+  // fallback takes it for the code's error).
+  if (python_interrupt(e)) throw;
   static PyObject* const linalg_error = py::object(py::module_::import("torch.linalg").attr("LinAlgError")).release().ptr();
   PyObject* type = e.type().ptr();
   const std::string msg = py::str(e.value());

@@ -97,6 +97,7 @@ class TransferSpan {
 
 // Error `e` of node `n`, with the node named in its message (a c10::Error
 // keeps its Python class: IndexError stays an IndexError).
+// An interrupt (ir::is_interrupt) stays as it is.
 inline std::exception_ptr with_node_context(const ir::Node& n, std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
@@ -106,6 +107,7 @@ inline std::exception_ptr with_node_context(const ir::Node& n, std::exception_pt
   } catch (const std::bad_alloc&) {
     return e;
   } catch (const std::exception& err) {
+    if (ir::is_interrupt(err)) return e;
     // A kernel's plain std::runtime_error ("value cannot be converted ...
     // without overflow"): Python shows both as RuntimeError.
     c10::Error named{std::string(err.what())};

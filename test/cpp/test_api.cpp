@@ -3,6 +3,9 @@
 #include <torch/torch.h>
 #include <torch_mgpu/mgpu.h>
 
+#include "engine/engine.h"
+#include "plan/cost_model.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -132,6 +135,21 @@ TEST(Api, AutogradFromCpp) {
 
 TEST(Api, SimulateStatsAndLimits) {
   torch_mgpu::synchronize();
+  // That 4 lanes beat 1 is the plan's shape: it follows a pinned model (the
+  // figures of test/conftest.py's REFERENCE_MODEL), not one calibrated on a
+  // busy machine, where a lane's wake-up can cost more than a product.
+  torch_mgpu::plan::CostModel reference;
+  reference.calibrated = true;
+  reference.gemm_flops_per_s = reference.small_gemm_flops_per_s = 1.0e11;
+  reference.elem_per_s = 1.0e10;
+  reference.transcendental_per_s = 4.0e8;
+  reference.bytes_per_s = 1.25e11;
+  reference.op_overhead_s = 1.2e-6;
+  reference.lane_sync_s = 1.4e-5;
+  reference.launch_s = 5.5e-5;
+  reference.parallel_min_flops = 8.19e6;
+  reference.parallel_efficiency = 0.9;
+  torch_mgpu::engine::pin_cost_model(reference);
   const int64_t async = torch_mgpu::async_ops();
   torch_mgpu::set_async_ops(0);
   auto x = torch::randn({128, 128}).to(torch_mgpu::device());  // branches that lanes clearly speed up
@@ -160,6 +178,7 @@ TEST(Api, SimulateStatsAndLimits) {
   auto want = x.cpu();
   for (int k = 0; k < 12; ++k) want = want + 1;
   EXPECT_TRUE(torch::equal(z.cpu(), want));
+  torch_mgpu::engine::pin_cost_model(std::nullopt);
 }
 
 // A C++ program that changes a process-wide setting with ops in flight
