@@ -151,6 +151,16 @@ def test_embeddings_with_sparse_gradients_are_refused_at_the_call(module):
 
 LSTM_GRADGRAD = """
 import faulthandler, signal
+# A process started with SIGINT ignored (a background job of a
+# non-interactive shell, as a CI script's may be) keeps it ignored: Python
+# installs its handler only over the default.
+# Each SIGINT is counted: the first must stop the run (one that Python
+# code under a call took for an error would leave the run going).
+sigints = []
+def on_sigint(signum, frame):
+    sigints.append(signum)
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, on_sigint)
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if a SIGINT goes unanswered
 import torch, torch_mgpu, sys
 from torch.testing._internal.common_modules import module_db
@@ -170,19 +180,54 @@ try:
         assert gradgradcheck(fn, flat)
     print("done", flush=True)
 except KeyboardInterrupt:
-    print("interrupted", flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's next ones, while this exits
+    print("interrupted", len(sigints), flush=True)
 """
 
 
 def test_lstm_double_backward_finishes():
     # test_modules' test_gradgrad_nn_LSTM_{eval,train}_mode: gradgradcheck
     # over module_db's LSTM samples (two layers, projections, both
-    # directions) runs to the end. Interrupting it: the KeyboardInterrupt
-    # that LSTM's cell's Meta kernel (Python) raises at a SIGINT is no
-    # longer taken for the Meta kernel refusing the call (test_errors.py has
-    # that case); under heavy load a SIGINT still goes unanswered now and
-    # then (docs/CONFORMANCE.md).
+    # directions) runs to the end.
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", LSTM_GRADGRAD, "4"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.split() == ["start", "done"], out.stderr[-2000:]
+
+
+def test_lstm_double_backward_stops_at_a_sigint():
+    # A SIGINT lands where Python code runs on the main thread: LSTM's
+    # cell's Meta kernel (Python), gradcheck, or compiled code's wrapper in
+    # a tier-1 run. Its KeyboardInterrupt was taken for the kernel refusing
+    # the call (the op ran again on the CPU) or for the compiled code
+    # failing (tier 0 ran the graph): the run went on. test_errors.py and
+    # test_tiers.py have those two cases; here the whole run stops.
+    import signal
+    import subprocess
+    import sys
+    import time
+    child = subprocess.Popen([sys.executable, "-c", LSTM_GRADGRAD, "64"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "start"
+        time.sleep(3)  # well into the checks
+        for _ in range(240):  # a SIGINT a second until it exits (one must do)
+            child.send_signal(signal.SIGINT)
+            try:
+                out, err = child.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            raise subprocess.TimeoutExpired(child.args, 240)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)  # the child's Python stacks
+        time.sleep(2)
+        child.kill()
+        out, err = child.communicate()
+        raise AssertionError("no exit after 240 SIGINTs, a second apart:\n" + err[-6000:])
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0 and out.split() == ["interrupted", "1"], (out, err[-2000:])
