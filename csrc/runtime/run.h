@@ -240,14 +240,15 @@ struct Run {
   // Operand k of node i is missing: node i is skipped. Under the lock.
   bool skip_if_missing(int i, size_t k);
 
-  // Waits (in a parallel run) until every producer of `nodes` that
+  // Waits (in a parallel run) until every producer of the nodes of `items`
+  // (node_of(item): an item is a node's index, or a step naming one) that
   // `outside(d)` accepts has run. Under the lock.
-  template <class Nodes, class Outside>
-  void wait_for_producers(std::unique_lock<std::mutex>& lock, const Nodes& nodes, Outside outside) {
+  template <class Items, class Outside, class NodeOf>
+  void wait_for_producers(std::unique_lock<std::mutex>& lock, const Items& items, Outside outside, NodeOf node_of) {
     if (!parallel) return;
     cv.wait(lock, [&] {
-      for (int i : nodes)
-        for (int d : g.deps[i])
+      for (const auto& item : items)
+        for (int d : g.deps[node_of(item)])
           if (outside(d) && res.status[d] == Status::NotRun) return false;
       return true;
     });

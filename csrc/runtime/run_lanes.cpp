@@ -11,7 +11,7 @@ void Run::run_one(int lane, int i) {
   const ir::Node& node = *g.nodes[i];
   const Place& place = places[lane];
   std::unique_lock<std::mutex> lock(m);
-  wait_for_producers(lock, std::array<int, 1>{i}, [](int) { return true; });
+  wait_for_producers(lock, std::array<int, 1>{i}, [](int) { return true; }, [](int n) { return n; });
   std::vector<c10::Storage> operands;
   operands.reserve(node.operands.size());
   for (size_t k = 0; k < node.operands.size(); ++k) {
@@ -116,14 +116,11 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
   const Place& place = places[lane];
   const int id = p.fusion.group_of[grp.steps[0].node];
   auto outside = [&](int d) { return p.fusion.group_of[d] != id; };
-  std::vector<int> nodes;
-  nodes.reserve(grp.steps.size());
-  for (const auto& s : grp.steps) nodes.push_back(s.node);
   auto one_by_one = [&] {
-    for (int i : nodes) run_one(lane, i);
+    for (const auto& s : grp.steps) run_one(lane, s.node);
   };
   std::unique_lock<std::mutex> lock(m);
-  wait_for_producers(lock, nodes, outside);
+  wait_for_producers(lock, grp.steps, outside, [](const auto& s) { return s.node; });
   const size_t elem = c10::elementSize(grp.dtype);
   std::vector<c10::Storage> held;  // keeps the external bytes alive
   std::vector<const void*> external;
@@ -141,17 +138,15 @@ void Run::run_group(int lane, const plan::FusedGroup& grp) {
       return;
     }
     c10::Storage bytes;
-    {
-      try {
-        bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
-      } catch (const std::exception& ex) {
-        // Its transfer failed: the group fails with that error.
-        observers().node_failed();
-        for (const auto& step : grp.steps) fail(step.node, Status::Failed, std::current_exception(), message_of(ex));
-        lock.unlock();
-        cv.notify_all();
-        return;
-      }
+    try {
+      bytes = operand(v, d, lane, lock);  // returns (or throws) with the lock held
+    } catch (const std::exception& ex) {
+      // Its transfer failed: the group fails with that error.
+      observers().node_failed();
+      for (const auto& step : grp.steps) fail(step.node, Status::Failed, std::current_exception(), message_of(ex));
+      lock.unlock();
+      cv.notify_all();
+      return;
     }
     external.push_back(static_cast<const char*>(bytes.data()) + ref.geom.offset * elem);
     held.push_back(std::move(bytes));
@@ -207,7 +202,7 @@ void Run::run_part(int lane, const Part& part) {
   const int id = parts->part_of[part.nodes.at(0)];
   auto outside = [&](int d) { return parts->part_of[d] != id; };
   std::unique_lock<std::mutex> lock(m);
-  wait_for_producers(lock, part.nodes, outside);
+  wait_for_producers(lock, part.nodes, outside, [](int n) { return n; });
   // Its nodes fail (or are skipped) together.
   auto fail_all = [&](Status s, std::exception_ptr e, const std::string& msg) {
     for (int i : part.nodes) fail(i, s, e, msg);
