@@ -56,6 +56,37 @@ def fusible_chain(x):
     return ((x + 1.0) * 2.0 - 3.0) / 4.0
 
 
+def test_what_keeps_a_graph_from_replay_is_known_before_it_runs():
+    # A plan is captured and replayed only where every lane it uses is a
+    # stream lane (CPU stream lanes stand in for a GPU's) and no op draws
+    # from a seeded generator; _replay_blocker says why not, running nothing.
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    x = torch.randn(64, 64)
+    streams(["cpu"], 2)
+    try:
+        xm = x.to("mgpu")
+        ys = [torch.tanh(xm @ xm * k) for k in range(4)]
+        assert "is a host lane (cpu): only stream lanes are captured" in C._replay_blocker()
+        assert torch_mgpu.pending_ops() > 0  # nothing ran
+        torch.testing.assert_close(ys[3].cpu(), torch.tanh(x @ x * 3))
+        C._stream_sanitizer_start()
+        try:
+            xm = x.to("mgpu")
+            ys = [torch.tanh(xm @ xm * k) for k in range(4)]
+            assert C._replay_blocker() is None
+            d = torch.nn.functional.dropout(ys[1], 0.5)
+            why = C._replay_blocker()
+            assert "aten::native_dropout" in why and "draws random numbers" in why, why
+            torch.testing.assert_close(ys[2].cpu(), torch.tanh(x @ x * 2))
+            assert d.cpu().shape == (64, 64)
+            assert C._replay_blocker() == "no op to run"
+        finally:
+            races = C._stream_sanitizer_stop()
+        assert races == []
+    finally:
+        restore_lanes(*before)
+
+
 def test_lanes_become_stream_lanes_and_back():
     before = (torch_mgpu.lanes(), torch_mgpu.policy())
     x = torch.randn(64, 64)

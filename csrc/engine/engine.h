@@ -83,6 +83,11 @@ struct Simulation {
 Simulation simulate(int devices, int lanes_per_device, const std::string& policy, const std::string& device = "",
                     int hosts = 1);
 
+// Why the pending graph, planned as a sync from this thread would plan it
+// on the current lanes, could not be captured and replayed
+// (runtime/replay.h); nullopt where it could. Runs nothing.
+std::optional<std::string> replay_blocker_of_pending();
+
 // Computes every pending value (the sync point). Raises the first error an
 // op raised during execution, after binding everything that did compute.
 void sync_all();

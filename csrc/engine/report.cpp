@@ -5,6 +5,7 @@
 #include "engine/plan_cache.h"
 #include "capture/state_lock.h"
 #include "runtime/counters.h"
+#include "runtime/replay.h"
 
 #include <algorithm>
 
@@ -104,6 +105,14 @@ Simulation simulate(int devices, int lanes_per_device, const std::string& policy
   s.total_work = e.total_work;
   s.plan = describe(g, p, nullptr);
   return s;
+}
+
+std::optional<std::string> replay_blocker_of_pending() {
+  capture::StateLock lock;
+  auto lanes = current_lanes();
+  ir::Graph g = ir::build_graph(pending_roots());
+  const auto p = plan_for(g, *lanes, runtime::thread_parallelism());
+  return runtime::replay_blocker(g, *p, lanes->places);
 }
 
 } // namespace engine

@@ -345,6 +345,10 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release nogil;  // runs what is pending
     torch_mgpu::engine::pin_cost_model(std::move(cm));
   });
+  m.def("_replay_blocker", [] {
+    py::gil_scoped_release nogil;  // the state lock
+    return torch_mgpu::engine::replay_blocker_of_pending();
+  });
   m.def("_check_env", &torch_mgpu::ir::env::check_all);
   // The variables whose text check_all() parses (and refuses at import).
   m.def("_env_checked", [] {

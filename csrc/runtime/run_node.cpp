@@ -67,14 +67,15 @@ std::string describe_node(const ir::Node& n) {
   return s + ")";
 }
 
-namespace {
-// Whether the op has a kernel for the place's device. Recording chose some
-// ops for a device that is not CUDA: scaled_dot_product_attention on mgpu
-// picks _scaled_dot_product_flash_attention_for_cpu, which CUDA lacks.
+// Recording chose some ops for a device that is not CUDA:
+// scaled_dot_product_attention on mgpu picks
+// _scaled_dot_product_flash_attention_for_cpu, which CUDA lacks.
 bool runs_on(const ir::Node& n, const Place& place) {
   if (!place.device.is_cuda() || !n.op) return true;
   return n.op->hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
 }
+
+namespace {
 
 // Such an op runs on the host, as eager CPU runs it: its operands copied
 // there (the lane's stream finishes what it owes them first), its outputs

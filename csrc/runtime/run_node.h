@@ -18,6 +18,10 @@ at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom)
 // (op #12, called at model.py:3)".
 std::string describe_node(const ir::Node& n);
 
+// Whether node `n`'s op has a kernel for `place`'s device (a CUDA lane may
+// be given an op recording chose for another device; it runs on the host).
+bool runs_on(const ir::Node& n, const Place& place);
+
 // Runs one node at `place` (its device, with its stream current). Operand
 // bytes are on that device; `reuse[k]` lets the node write operand k in
 // place, else it writes a copy.

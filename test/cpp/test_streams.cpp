@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 #include "runtime/executor.h"
 #include "runtime/faults.h"
+#include "runtime/replay.h"
 #include "runtime/sanitizer.h"
 
 #include <c10/core/StreamGuard.h>
@@ -528,4 +529,67 @@ TEST(StreamLanes, FactorizationsThatLoadCudaKernelsAreKnownByName) {
   for (const char* name : {"aten::add.Tensor", "aten::relu", "aten::detach", "aten::mm", "aten::lerp.Scalar",
                            "aten::solver_x", "data"})
     EXPECT_FALSE(may_load_cuda_linalg(name)) << name;
+}
+
+// What keeps a plan from being captured and replayed is known from the
+// graph, its plan and the lanes, before any capture (runtime/replay.h).
+TEST(Replay, WhatCannotBeCapturedIsKnownBeforeCapture) {
+  Captured c = branches();
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.graph, topo, 3);
+  auto places = stream_places(3);
+  EXPECT_EQ(runtime::replay_blocker(c.graph, p, places), std::nullopt);
+  // A host lane among them.
+  auto mixed = places;
+  mixed[1] = runtime::Place();
+  auto why = runtime::replay_blocker(c.graph, p, mixed);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("lane 1 is a host lane"), std::string::npos) << *why;
+  // Lanes on two devices (a stream lane's device only read, nothing runs).
+  auto two = places;
+  two[2].device = c10::Device(c10::kCUDA, 1);
+  two[2].stream = c10::Stream(c10::Stream::UNSAFE, two[2].device, 7);
+  why = runtime::replay_blocker(c.graph, p, two);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("more than one device"), std::string::npos) << *why;
+  // On a GPU's streams, an op with no kernel there would run on the host
+  // (this build has no CUDA kernels at all; a CUDA build has them for mm).
+  auto gpu = places;
+  for (auto& pl : gpu) {
+    pl.device = c10::Device(c10::kCUDA, 0);
+    pl.stream = c10::Stream(c10::Stream::UNSAFE, pl.device, 3);
+  }
+  why = runtime::replay_blocker(c.graph, p, gpu);
+  const bool cuda_kernels = c10::Dispatcher::singleton().findOp({"aten::mm", ""})->hasComputedKernelForDispatchKey(
+      c10::DispatchKey::CUDA);
+  if (cuda_kernels) {
+    EXPECT_EQ(why, std::nullopt) << *why;
+  } else {
+    ASSERT_TRUE(why);
+    EXPECT_NE(why->find("has no kernel for cuda:0: it would run on the host"), std::string::npos) << *why;
+  }
+  // The pool: what the graph makes, against its bound.
+  size_t made = 0;
+  for (const auto& n : c.graph.nodes)
+    for (const auto& o : n->outputs) made += o.nbytes;
+  runtime::ReplayLimits small;
+  small.pool_bytes = made - 1;
+  why = runtime::replay_blocker(c.graph, p, places, small);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("more than a graph's pool holds"), std::string::npos) << *why;
+  small.pool_bytes = made;
+  EXPECT_EQ(runtime::replay_blocker(c.graph, p, places, small), std::nullopt);
+}
+
+// A seeded random op would draw the same numbers at every replay.
+TEST(Replay, RandomOpsAreNotCaptured) {
+  auto x = torch::randn({16, 16}).to(torch_mgpu::device());
+  auto y = torch::dropout(torch::tanh(x), 0.5, /*train=*/true);
+  ir::Graph g = ir::build_graph({capture::buffer_of(y)->value});
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = round_robin(g, topo, 2);
+  auto why = runtime::replay_blocker(g, p, stream_places(2));
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("draws random numbers"), std::string::npos) << *why;
+  torch_mgpu::synchronize();
 }
