@@ -1399,6 +1399,27 @@ def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def test_a_write_through_a_view_that_overlaps_itself_stays_in_tier_0(tiered, no_trial):
+    # index_put_ through `unfold(0, 2, 1)` (rows 0-1, 1-2, 2-3 of one
+    # storage): eager writes element after element, so a later index's
+    # write lands over an earlier one's; compiled code wrote each index
+    # once from values read before (difffuzz seed 3962753: rows 0-2 set to
+    # 1 in eager, not in tier 1). Tier 0 runs such graphs.
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+
+    def f(x):
+        v = x * 2
+        v.unfold(0, 2, 1).index_put_((torch.tensor([1, 0]),), torch.ones(2, dtype=torch.bfloat16))
+        return v, v.sum(0)
+
+    tiers = run_hot(f, [x], exact=True)
+    assert tiers == [0, 0, 0, 0]
+    assert "a write through a view that overlaps itself" in torch_mgpu._C._tier_last_error()
+    # A write through a strided view that does not overlap itself compiles.
+    tiers = run_hot(lambda x: (lambda v: (v.t()[1:].mul_(3), v * 2))(x * 2), [x], exact=True)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
 def test_a_product_with_zero_keeps_nan_and_inf(tiered, no_trial):
     # `0 / x` records reciprocal(x) * 0; inductor folds a product with the
     # integer 0 to 0, where eager's NaN * 0 and inf * 0 are NaN (difffuzz

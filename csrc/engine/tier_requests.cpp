@@ -206,6 +206,25 @@ bool bool_sum_with_alpha(const ir::Node& n) {
   return has_bool && alpha_not_one;
 }
 
+// Whether a view may reach one element through two indices (`unfold(0, 2,
+// 1)`, an expanded dim): sorted by stride, each dim longer than 1 must step
+// past everything the dims before it reach. A write through such a view
+// lands in eager's order, element after element; compiled code writes each
+// index once from values read before. Exotic layouts that interleave
+// without overlap count too: they run in tier 0.
+bool may_overlap_itself(const ir::TensorGeometry& g) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims longer than 1
+  for (size_t d = 0; d < g.sizes.size(); ++d)
+    if (g.sizes[d] > 1) dims.emplace_back(g.strides[d] < 0 ? -g.strides[d] : g.strides[d], g.sizes[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest offset the dims so far reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return true;
+    reach += stride * (size - 1);
+  }
+  return false;
+}
+
 // Why tier 1 may not run `g` on lanes `l` (see tiers.h), or "" when it may.
 std::string ineligible(const ir::Graph& g, const Lanes& l) {
   if (g.size() < 2) return "a graph of one op";
@@ -247,6 +266,7 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
       if (!ref) return no("an out= tensor resized");
+      if (may_overlap_itself(ref->geom) || may_overlap_itself(w.after)) return no("a write through a view that overlaps itself");
       // A fresh empty out= tensor the op sizes (`abs`, and the other
       // functional ops whose kernel is empty + out=) replays as the op
       // writing a new tensor; one with bytes before does not.
