@@ -465,6 +465,34 @@ def test_a_sine_of_a_large_float_that_compiled_code_rounded_otherwise_is_documen
     assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, got))] == ["v1", "v4"]
 
 
+def test_a_wider_float_computed_from_a_half_rounded_otherwise_is_compared_at_the_half_tolerance_in_tier_1():
+    # Eager's CPU prod of halves rounds each partial product to half,
+    # compiled code once: a unit apart, and the float32 quotient of a
+    # tensor by it 1e-3 of itself apart (seed 3963133). Within the half's
+    # tolerance where the half it reads was rounded otherwise; not where
+    # that half is the same bits, nor under eager's tolerance.
+    prog = Program(0, [Stmt("v0 = torch.tensor([1.5, -2.25, 3.0], dtype=torch.float16, device=dev)", "input"),
+                       Stmt("v1 = v0 * 1.0", "binary*"),
+                       Stmt("v2 = torch.tensor([7.0, 11.0, 13.0], device=dev) / v1", "binary/"),
+                       Stmt("v3 = v2 + 1", "binary+"),
+                       Stmt("v4 = v0.float() / 3", "binary/")])
+    ref = difffuzz.run(prog, "cpu")
+    got = difffuzz.run(prog, "cpu")
+    got.values["v1"] = ref.values["v1"] + torch.tensor([0.0009765625, 0, 0], dtype=torch.float16)  # a unit
+    got.values["v2"] = torch.tensor([7.0, 11.0, 13.0]) / got.values["v1"]
+    got.values["v3"] = got.values["v2"] + 1
+    got.values["v4"] = ref.values["v4"] * torch.tensor([1.0006, 1, 1])  # its half v0 is the same bits
+    assert difffuzz.differ(ref.values["v2"], got.values["v2"])
+    with difffuzz.configured(difffuzz.TIER1):
+        assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, got))] == ["v4"]
+        # Beyond the half's own tolerance it is a mismatch still.
+        far = difffuzz.run(prog, "cpu")
+        far.values.update(got.values)
+        far.values["v2"] = got.values["v2"] * torch.tensor([1.01, 1, 1])
+        assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, far))] == ["v2", "v4"]
+    assert [m.name for m in difffuzz.primary(prog, difffuzz.compare(prog, ref, got))] == ["v2", "v4"]
+
+
 def test_what_a_half_rsqrt_reaches_is_compared_to_units_of_its_dtype_in_tier_1():
     # Eager's half rsqrt rounds twice in its scalar loop, once in its vector
     # loop; compiled code once (seed 3936884: a gradient three units apart).
