@@ -108,11 +108,16 @@ c10::Storage Run::leaf(const ir::Node& n, const Place& place) {
 
 c10::Storage Run::operand(const ir::Value& v, int d, int lane, std::unique_lock<std::mutex>& lock) {
   const Place& place = places[lane];
-  if (d < 0) return leaf(*v.node, place);
+  if (d < 0) {
+    c10::Storage bytes = leaf(*v.node, place);
+    if (recording) record_input(v, bytes);
+    return bytes;
+  }
   const int src_lane = p.lane_of[d];
   const int device = p.lanes[lane].device;
   c10::Storage src = res.values[d][v.index];
   if (p.lanes[src_lane].device == device) return src;
+  if (recording && recording->unreplayable.empty()) recording->unreplayable = "a value crossed devices";
   // Sent back by another rank's lane: already a copy in host memory.
   if (places[src_lane].is_remote() && src.device() == place.device) return src;
   auto key = std::make_tuple(d, v.index, device);
@@ -182,12 +187,24 @@ bool Run::skip_if_missing(int i, size_t k) {
   return true;
 }
 
+void Run::record_input(const ir::Value& v, const c10::Storage& bytes) {
+  for (const auto& [w, s] : recording->inputs)
+    if (w.node == v.node && w.index == v.index && s.unsafeGetStorageImpl() == bytes.unsafeGetStorageImpl()) return;
+  recording->inputs.emplace_back(v, bytes);
+}
+
 void Run::order_on_stream(int lane, const std::vector<int>& producers, const std::vector<c10::Storage>& reads) {
   const Place& place = places[lane];
   std::vector<int> waited;
   for (int d : producers) {
     if (!events[d] || p.lane_of[d] == lane || std::find(waited.begin(), waited.end(), d) != waited.end()) continue;
     waited.push_back(d);
+    if (recording) {
+      Recording::Step wait;
+      wait.kind = Recording::Step::Kind::Wait;
+      wait.event = d;
+      recording->lanes[lane].push_back(std::move(wait));
+    }
     observers().before_event_wait();
     if (!observers().drops_event_wait()) events[d]->block(place.stream);
   }
@@ -284,7 +301,8 @@ bool may_load_cuda_linalg(std::string_view name) {
   return false;
 }
 
-ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places, const Parts* parts) {
+ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places, const Parts* parts,
+                   Recording* recording) {
   ExecResult res;
   const size_t n = g.size();
   res.values.resize(n);
@@ -295,6 +313,17 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     load_cuda_linalg_before(g, places);
     Run run(g, p, places, res);
     run.parts = parts;
+    if (recording) {
+      *recording = Recording();
+      recording->places.assign(places.begin(), places.begin() + static_cast<std::ptrdiff_t>(p.lane_order.size()));
+      recording->threads_per_lane = p.threads_per_lane;
+      recording->lanes.resize(p.lane_order.size());
+      for (size_t l = 0; l < p.lane_order.size(); ++l)
+        if (!p.lane_order[l].empty() && !places[l].on_stream() && recording->unreplayable.empty())
+          recording->unreplayable = "lane " + std::to_string(l) + " is not a stream lane";
+      // Only stream lanes record; a run with another lane records nothing.
+      if (recording->unreplayable.empty()) run.recording = recording;
+    }
     res.started = run.t0;
     std::vector<int> busy;
     for (size_t l = 0; l < p.lane_order.size(); ++l) {
@@ -370,6 +399,14 @@ ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Pl
     }
   }
   res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (recording) {
+    if (res.first_error && recording->unreplayable.empty()) recording->unreplayable = "a node failed";
+    for (const auto& r : g.roots) {
+      const int d = g.find(r.node.get());
+      if (d >= 0 && static_cast<size_t>(r.index) < res.values[d].size() && res.values[d][r.index])
+        recording->outputs.emplace_back(r, res.values[d][r.index]);
+    }
+  }
   if (observers().watches_streams()) {
     // The values left are the results: the host reads them from here on.
     std::vector<std::pair<const void*, std::string>> results;

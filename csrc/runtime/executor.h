@@ -86,10 +86,13 @@ struct Parts {
   std::vector<int> part_of;  // per node: its part, -1 when it runs alone
 };
 
+struct Recording;
+
 // Runs plan `p` with `places[l]` the place of lane l (see place.h), and
-// `parts` (if any) each as one call.
+// `parts` (if any) each as one call. With `recording`, what the lanes queue
+// is recorded into it for replay() (replay.h), or the reason it cannot be.
 ExecResult execute(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places,
-                   const Parts* parts = nullptr);
+                   const Parts* parts = nullptr, Recording* recording = nullptr);
 
 // Whether a node of this name may reach a factorization whose CUDA kernels
 // PyTorch loads on first use (execute() loads them once beforehand on CUDA

@@ -1,8 +1,17 @@
 #include "runtime/replay.h"
 
+#include "runtime/lanes.h"
+#include "runtime/observer.h"
 #include "runtime/run_node.h"
 
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+
+#include <condition_variable>
+#include <mutex>
 #include <set>
+#include <unordered_set>
 
 namespace torch_mgpu::runtime {
 
@@ -37,6 +46,135 @@ std::optional<std::string> replay_blocker(const ir::Graph& g, const plan::Plan& 
   if (made > limits.pool_bytes)
     return "its values need " + mib(made) + ", more than a graph's pool holds (" + mib(limits.pool_bytes) + ")";
   return std::nullopt;
+}
+
+size_t Recording::pool_bytes() const {
+  std::unordered_set<const void*> seen;
+  size_t bytes = 0;
+  for (const auto& lane : lanes)
+    for (const auto& s : lane)
+      for (const auto& w : s.writes)
+        if (w && seen.insert(w.unsafeGetStorageImpl()).second) bytes += w.nbytes();
+  return bytes;
+}
+
+namespace {
+
+// The bytes of `s` as a flat tensor of bytes, on the storage's device.
+at::Tensor bytes_of(const c10::Storage& s, size_t n) {
+  ir::TensorGeometry flat;
+  flat.dtype = c10::ScalarType::Byte;
+  flat.sizes = {static_cast<int64_t>(n)};
+  flat.strides = {1};
+  return view(s, flat);
+}
+
+// The events of one replay, with whether each has been recorded (on the
+// host: a Wait's stream may block on it only once it was).
+struct Issued {
+  std::vector<std::optional<c10::Event>> events;
+  std::vector<char> recorded;
+  std::mutex m;
+  std::condition_variable cv;
+  std::exception_ptr error;
+  bool failed = false;
+};
+
+void issue_lane(const Recording& r, size_t l, Issued& is) {
+  const Place& place = r.places.at(l);
+  c10::StreamGuard guard(place.stream);
+  for (const auto& step : r.lanes[l]) {
+    switch (step.kind) {
+      case Recording::Step::Kind::Wait: {
+        {
+          std::unique_lock<std::mutex> lock(is.m);
+          is.cv.wait(lock, [&] { return is.failed || is.recorded[static_cast<size_t>(step.event)]; });
+          if (is.failed) return;
+        }
+        observers().before_event_wait();
+        if (!observers().drops_event_wait()) is.events[static_cast<size_t>(step.event)]->block(place.stream);
+        break;
+      }
+      case Recording::Step::Kind::Record: {
+        is.events[static_cast<size_t>(step.event)]->record(place.stream);
+        std::lock_guard<std::mutex> lock(is.m);
+        is.recorded[static_cast<size_t>(step.event)] = 1;
+        is.cv.notify_all();
+        break;
+      }
+      case Recording::Step::Kind::Call: {
+        std::vector<c10::Storage> made = step.call(step.reads, place);
+        TORCH_CHECK(made.size() == step.writes.size(), "mgpu: replaying ", step.name, ": ", made.size(),
+                    " results where the recording has ", step.writes.size());
+        for (size_t k = 0; k < made.size(); ++k) {
+          const c10::Storage& into = step.writes[k];
+          if (!into || !made[k] || made[k].unsafeGetStorageImpl() == into.unsafeGetStorageImpl()) continue;
+          const size_t n = std::min(into.nbytes(), made[k].nbytes());
+          if (n == 0) continue;
+          bytes_of(into, n).copy_(bytes_of(made[k], n), /*non_blocking=*/true);
+          if (place.on_stream() && observers().watches_streams())
+            observers().stream_access(place.device, step.name + " (its result into the recorded bytes)", {made[k].data()},
+                                      {into.data()}, false);
+        }
+        break;
+      }
+    }
+  }
+  observers().before_stream_sync();
+  place.stream.synchronize();
+  observers().lane_done();
+}
+
+} // namespace
+
+void replay(const Recording& r) {
+  TORCH_CHECK(r.unreplayable.empty(), "mgpu: this run cannot be replayed: ", r.unreplayable);
+  Issued is;
+  size_t events = 0;
+  for (const auto& lane : r.lanes)
+    for (const auto& s : lane)
+      if (s.kind != Recording::Step::Kind::Call) events = std::max(events, static_cast<size_t>(s.event) + 1);
+  is.events.resize(events);
+  is.recorded.assign(events, 0);
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    for (const auto& s : r.lanes[l])
+      if (s.kind == Recording::Step::Kind::Record)
+        is.events[static_cast<size_t>(s.event)].emplace(r.places.at(l).device.type());
+  std::vector<size_t> busy;
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    if (!r.lanes[l].empty()) busy.push_back(l);
+  at::ThreadLocalState tls;
+  std::vector<std::function<void()>> jobs;
+  for (size_t l : busy)
+    jobs.emplace_back([&r, &is, &tls, l] {
+      at::ThreadLocalStateGuard state(tls);
+      try {
+        issue_lane(r, l, is);
+      } catch (...) {
+        // The other lanes stop at their next wait; their streams finish
+        // what they queued.
+        std::lock_guard<std::mutex> lock(is.m);
+        if (!is.error) is.error = std::current_exception();
+        is.failed = true;
+        is.cv.notify_all();
+        try {
+          r.places.at(l).stream.synchronize();
+        } catch (...) {
+        }
+      }
+    });
+  if (jobs.size() == 1) {
+    jobs[0]();
+  } else if (!jobs.empty()) {
+    LanePool::instance().run(jobs, r.threads_per_lane);
+  }
+  if (observers().watches_streams()) {
+    std::vector<std::pair<const void*, std::string>> results;
+    for (const auto& [v, s] : r.outputs)
+      if (s) results.emplace_back(s.data(), "a replayed result of node " + std::to_string(v.node->id));
+    observers().run_done(results);
+  }
+  if (is.error) std::rethrow_exception(is.error);
 }
 
 } // namespace torch_mgpu::runtime

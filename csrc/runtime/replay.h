@@ -8,7 +8,10 @@
 #include "plan/plan.h"
 #include "runtime/place.h"
 
+#include <c10/core/Storage.h>
+
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,5 +38,54 @@ struct ReplayLimits {
 // - the values the graph makes need more than `limits.pool_bytes`.
 std::optional<std::string> replay_blocker(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places,
                                           const ReplayLimits& limits = {});
+
+// What a run on stream lanes queued, lane by lane (execute() with a
+// Recording): each lane's waits for other lanes' events, its calls (a node's
+// kernel, a compiled part) with the bytes each read and wrote, and the
+// events it recorded. Issued again in the same order over the same bytes,
+// it computes the graph again from what those bytes then hold: this is what
+// a CUDA graph captures, and replay() issues it on any stream lanes (CPU
+// stream lanes under the stream sanitizer: the stand-in for a GPU's).
+//
+// The recording holds every byte the run made (its pool: a replay writes
+// them again) and the leaves' bytes as the lanes read them (`inputs`: a
+// caller copies new values into them before a replay). What the graph's
+// roots hold after a replay is in `outputs`; the next replay writes them
+// again, so a value that must outlive it is copied out.
+struct Recording {
+  struct Step {
+    enum class Kind : uint8_t { Wait, Call, Record };
+    Kind kind = Kind::Call;
+    // Wait, Record: the event, by the graph node it follows (one per node
+    // read on another lane).
+    int event = -1;
+    std::string name;  // Call: the node or part, as the sanitizer names it
+    std::vector<c10::Storage> reads, writes;
+    // Call: the results from the bytes of `reads`, run at `place` (its
+    // stream current); a result in other bytes than its `writes` entry is
+    // copied there.
+    std::function<std::vector<c10::Storage>(const std::vector<c10::Storage>& reads, const Place& place)> call;
+  };
+  std::vector<Place> places;
+  int threads_per_lane = 1;
+  std::vector<std::vector<Step>> lanes;  // by lane; empty for an unused lane
+  std::vector<std::pair<ir::Value, c10::Storage>> inputs;   // each leaf read, once
+  std::vector<std::pair<ir::Value, c10::Storage>> outputs;  // each root the graph made
+  // Why the run cannot be replayed ("" when it can): a node failed, a lane
+  // is not a stream lane, a value crossed devices.
+  std::string unreplayable;
+
+  // Bytes the recording keeps: what its calls wrote (each block once).
+  size_t pool_bytes() const;
+};
+
+// Issues recording `r` again: each lane's steps in order on its stream (on
+// a thread of its own); a Wait waits on the host until the Record of its
+// event has been issued, then its stream waits for the event; each Call
+// runs over the bytes it read when recorded and leaves its results in the
+// bytes it wrote then. Returns when every lane's stream has finished.
+// Throws the first error (the recording's bytes then hold what the steps
+// before it left: the caller runs the graph anew).
+void replay(const Recording& r);
 
 } // namespace torch_mgpu::runtime

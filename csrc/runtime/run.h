@@ -23,6 +23,7 @@
 #include "runtime/lanes.h"
 #include "runtime/pointwise.h"
 #include "runtime/remote.h"
+#include "runtime/replay.h"
 #include "runtime/serialize.h"
 #include <algorithm>
 #include <atomic>
@@ -128,6 +129,10 @@ inline std::exception_ptr error_with(const std::string& msg) {
   return nullptr;
 }
 
+// Part `part`'s call over `reads` at `place`, its accesses reported to the
+// observers on a stream lane.
+std::vector<c10::Storage> call_part(const Part& part, const std::vector<c10::Storage>& reads, const Place& place);
+
 // Shared by the lanes of one execution. Guarded by `m`: statuses, values,
 // reader counts, cross-device copies and Data replicas. Lanes wait on `cv`
 // for inputs (the host order); stream lanes also wait on their inputs'
@@ -138,6 +143,11 @@ struct Run {
   const std::vector<Place>& places;
   ExecResult& res;
   const Parts* parts = nullptr;  // nodes that run as one call (executor.h)
+  // What the stream lanes queue, for replay (replay.h); null when not
+  // recording. A lane appends to its own steps; `inputs` under the lock.
+  Recording* recording = nullptr;
+  // Recording: leaf operand v, as lane `lane` read it (`bytes`). Under the lock.
+  void record_input(const ir::Value& v, const c10::Storage& bytes);
   // Flat per-node arrays (one allocation each, not one per node):
   // producer[operand_at[i] + k]: the node making operand k of node i, -1
   // outside the graph; readers / is_root[output_at[i] + j]: for output j.
@@ -320,6 +330,12 @@ struct Run {
   void finish_remote();
 
   void run_one(int lane, int i);
+  // Recording: node i ran on stream lane `lane`, reading `read` and making
+  // `made` (reuse: the operands it could write in place).
+  void record_call(int lane, int i, std::vector<c10::Storage> read, const std::vector<c10::Storage>& made,
+                   const std::vector<bool>& reuse);
+  // Records node i's event on lane `lane`'s stream (and in the recording).
+  void record_event(int lane, int i);
 
   // Frees each graph value node i was the last to read. Under the lock.
   void release_operands(int i);

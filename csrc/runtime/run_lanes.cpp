@@ -63,8 +63,11 @@ void Run::run_one(int lane, int i) {
     // of its operands, the kernel, the event after it.
     if (place.on_stream()) order_on_stream(lane, g.deps[i], operands);
     observers().before_node(node);
+    std::vector<c10::Storage> read;
+    if (recording) read = operands;
     out = run_node(node, std::move(operands), *reuse, place);
-    if (events[i]) events[i]->record(place.stream);
+    if (recording) record_call(lane, i, std::move(read), out, *reuse);
+    if (events[i]) record_event(lane, i);
     if (place.on_stream()) {
       ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
       ends[i]->record(place.stream);
@@ -87,6 +90,40 @@ void Run::run_one(int lane, int i) {
   }
   lock.unlock();
   if (parallel) cv.notify_all();
+}
+
+std::vector<c10::Storage> call_part(const Part& part, const std::vector<c10::Storage>& reads, const Place& place) {
+  std::vector<const void*> written;
+  std::vector<c10::Storage> made = part.call(reads, place, written);
+  TORCH_CHECK(made.size() == part.makes.size(), "mgpu: ", part.name, " returned ", made.size(), " values, expected ",
+              part.makes.size());
+  if (place.on_stream() && observers().watches_streams()) {
+    std::vector<const void*> read;
+    for (const auto& s : reads) read.push_back(s.data());
+    observers().stream_access(place.device, part.name, read, written, false);
+  }
+  return made;
+}
+
+void Run::record_call(int lane, int i, std::vector<c10::Storage> read, const std::vector<c10::Storage>& made,
+                      const std::vector<bool>& reuse) {
+  Recording::Step call;
+  call.name = "node " + std::to_string(g.nodes[i]->id) + " (" + std::string(g.nodes[i]->name) + ")";  // as run_node reports it
+  call.reads = std::move(read);
+  call.writes = made;
+  call.call = [node = g.nodes[i], reuse](const std::vector<c10::Storage>& r, const Place& at) {
+    return run_node(*node, r, reuse, at);
+  };
+  recording->lanes[lane].push_back(std::move(call));
+}
+
+void Run::record_event(int lane, int i) {
+  events[i]->record(places[lane].stream);
+  if (!recording) return;
+  Recording::Step rec;
+  rec.kind = Recording::Step::Kind::Record;
+  rec.event = i;
+  recording->lanes[lane].push_back(std::move(rec));
 }
 
 void Run::release_operands(int i) {
@@ -237,18 +274,18 @@ void Run::run_part(int lane, const Part& part) {
           if (outside(d)) producers.push_back(d);
       order_on_stream(lane, producers, reads);
     }
-    std::vector<const void*> written;
-    made = part.call(reads, place, written);
-    TORCH_CHECK(made.size() == part.makes.size(), "mgpu: ", part.name, " returned ", made.size(), " values, expected ",
-                part.makes.size());
+    made = call_part(part, reads, place);
     if (place.on_stream()) {
-      if (observers().watches_streams()) {
-        std::vector<const void*> read;
-        for (const auto& s : reads) read.push_back(s.data());
-        observers().stream_access(place.device, part.name, read, written, false);
+      if (recording) {
+        Recording::Step call;
+        call.name = part.name;
+        call.reads = reads;
+        call.writes = made;
+        call.call = [part](const std::vector<c10::Storage>& r, const Place& at) { return call_part(part, r, at); };
+        recording->lanes[lane].push_back(std::move(call));
       }
       for (int i : part.nodes) {
-        if (events[i]) events[i]->record(place.stream);
+        if (events[i]) record_event(lane, i);
         ends[i].emplace(place.device.type(), c10::EventFlag::BACKEND_DEFAULT);
         ends[i]->record(place.stream);
       }

@@ -517,6 +517,146 @@ TEST(StreamSanitizer, ADroppedWaitAfterAPartIsARaceNamingIt) {
   EXPECT_NE(races[0].find("write by part 1"), std::string::npos) << races[0];
 }
 
+// Three branches over inputs of their own, joined by a sum: a graph whose
+// run on round-robin stream lanes waits across lanes, with in-place steps.
+struct Replayable {
+  std::vector<at::Tensor> xs, xms;
+  at::Tensor total;
+  ir::Graph g;
+
+  Replayable() {
+    torch::manual_seed(3);
+    at::Tensor sum;
+    for (int b = 0; b < 3; ++b) {
+      xs.push_back(torch::randn({16, 16}));
+      xms.push_back(xs.back().to(torch_mgpu::device()));
+      auto y = torch::tanh(torch::mm(xms.back(), xms.back())).mul(0.5).add_(1.0);
+      sum = b ? sum + y : y;
+    }
+    total = sum;
+    g = ir::build_graph({capture::buffer_of(total)->value});
+  }
+  static at::Tensor eager(const std::vector<at::Tensor>& in) {
+    at::Tensor sum;
+    for (size_t b = 0; b < in.size(); ++b) {
+      auto y = torch::tanh(torch::mm(in[b], in[b])).mul(0.5).add_(1.0);
+      sum = b ? sum + y : y;
+    }
+    return sum;
+  }
+  // New values in the recording's inputs (its static inputs), as a caller
+  // copies them in before a replay; returns them.
+  std::vector<at::Tensor> set_inputs(const runtime::Recording& rec) {
+    std::vector<at::Tensor> fresh;
+    for (size_t b = 0; b < xms.size(); ++b) fresh.push_back(torch::randn({16, 16}));
+    for (const auto& [v, bytes] : rec.inputs)
+      for (size_t b = 0; b < xms.size(); ++b)
+        if (capture::buffer_of(xms[b])->value.node == v.node)
+          runtime::cpu_view(bytes, capture::geometry_of(xms[b])).copy_(fresh[b]);
+    return fresh;
+  }
+  at::Tensor result(const runtime::Recording& rec) const {
+    for (const auto& [v, bytes] : rec.outputs)
+      if (v.node == capture::buffer_of(total)->value.node) return runtime::cpu_view(bytes, capture::geometry_of(total));
+    return at::Tensor();
+  }
+};
+
+size_t steps_of(const runtime::Recording& rec, runtime::Recording::Step::Kind kind) {
+  size_t n = 0;
+  for (const auto& lane : rec.lanes)
+    for (const auto& s : lane) n += s.kind == kind;
+  return n;
+}
+
+TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 3);
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  ASSERT_EQ(rec.unreplayable, "");
+  EXPECT_EQ(rec.inputs.size(), 3u);  // each leaf once, though mm reads it twice
+  EXPECT_EQ(steps_of(rec, runtime::Recording::Step::Kind::Call), c.g.size());
+  EXPECT_GT(steps_of(rec, runtime::Recording::Step::Kind::Wait), 0u);
+  EXPECT_GT(rec.pool_bytes(), 0u);
+  ASSERT_TRUE(c.result(rec).defined());
+  EXPECT_TRUE(torch::allclose(c.result(rec), Replayable::eager(c.xs)));
+  for (int round = 0; round < 3; ++round) {
+    auto fresh = c.set_inputs(rec);
+    const int64_t before = runtime::stream_sanitizer_accesses();
+    runtime::replay(rec);
+    EXPECT_GE(runtime::stream_sanitizer_accesses() - before, static_cast<int64_t>(c.g.size()));
+    EXPECT_TRUE(torch::allclose(c.result(rec), Replayable::eager(fresh))) << round;
+  }
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
+}
+
+TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 3);
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  ASSERT_TRUE(runtime::take_stream_sanitizer_races().empty());
+  runtime::inject_fault("drop_event_wait", 1);
+  runtime::replay(rec);
+  runtime::inject_fault("drop_event_wait", 0);
+  auto races = runtime::take_stream_sanitizer_races();
+  ASSERT_FALSE(races.empty());
+  EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("read by node"), std::string::npos) << races[0];
+}
+
+TEST(Replay, APartReplaysAsOneCall) {
+  PartsCase pc;
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(pc.g, pc.p, stream_places(2), &pc.parts, &rec);
+  ASSERT_FALSE(r.first_error);
+  ASSERT_EQ(rec.unreplayable, "");
+  EXPECT_EQ(pc.calls, 2);
+  EXPECT_EQ(steps_of(rec, runtime::Recording::Step::Kind::Call), 3u);  // two parts and the sum
+  ASSERT_EQ(rec.inputs.size(), 1u);
+  auto fresh = torch::randn({32, 32});
+  runtime::cpu_view(rec.inputs[0].second, capture::geometry_of(pc.x)).copy_(fresh);
+  runtime::replay(rec);
+  EXPECT_EQ(pc.calls, 4);
+  ASSERT_EQ(rec.outputs.size(), 1u);
+  auto want = torch::tanh(torch::mm(fresh, fresh)) + torch::sigmoid(fresh) * 2.5;
+  EXPECT_TRUE(torch::allclose(runtime::cpu_view(rec.outputs[0].second, capture::geometry_of(pc.sum_m)), want));
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
+}
+
+TEST(Replay, ARunOffStreamLanesOrThatFailedIsNotReplayable) {
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 2);
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, {runtime::Place(), runtime::Place()}, nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  EXPECT_NE(rec.unreplayable.find("lane 0 is not a stream lane"), std::string::npos) << rec.unreplayable;
+  EXPECT_TRUE(rec.lanes[0].empty() && rec.lanes[1].empty());
+  try {
+    runtime::replay(rec);
+    ADD_FAILURE() << "replayed a run of host lanes";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be replayed: lane 0 is not a stream lane"), std::string::npos);
+  }
+  PartsCase pc;
+  pc.fail_second = true;
+  Sanitized on;
+  runtime::ExecResult failed = runtime::execute(pc.g, pc.p, stream_places(2), &pc.parts, &rec);
+  ASSERT_TRUE(failed.first_error);
+  EXPECT_EQ(rec.unreplayable, "a node failed");
+}
+
 } // namespace
 
 TEST(StreamLanes, FactorizationsThatLoadCudaKernelsAreKnownByName) {
