@@ -392,3 +392,83 @@ def test_a_dropped_event_between_compiled_parts_is_reported(compiled_parts):
         restore_lanes(*before)
     assert caught, f"no race reported with {point}"
     assert all("compiled part" in race for race in caught), caught
+
+
+@pytest.fixture
+def replaying():
+    """Replay of hot graphs on (after 2 syncs), one graph per sync."""
+    hits = C._replay_hits()
+    C._set_replay_hits(2)
+    try:
+        with async_ops(0):
+            yield
+    finally:
+        C._set_replay_hits(hits)
+
+
+def replay_step(x, w, b):
+    # Branches joined by a sum, an in-place write into an input, a view.
+    heads = [torch.tanh(x @ w * k) for k in (1.0, 2.0, 3.0)]
+    total = heads[0] + heads[1] + heads[2]
+    b.mul_(0.5).add_(total.sum(0))
+    return total, total.t()[1:4], b
+
+
+def test_a_hot_graph_on_stream_lanes_replays_with_eager_results(sanitized, replaying):
+    # Runs 1-2 are counted, run 3 is recorded (tier 0), later runs copy new
+    # inputs into the recording's own bytes and replay it (tier 2): eager's
+    # values every step, the in-place write landing in the caller's tensor,
+    # results of earlier steps kept as they were, and no race.
+    streams(["cpu"], 3)
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(24, 24, generator=gen)
+    b_cpu = torch.randn(24, generator=gen)
+    b = b_cpu.to("mgpu")
+    runs0 = torch_mgpu.stats()["replay_runs"]
+    tiers, replays, kept = [], [], []
+    for step in range(6):
+        x = torch.randn(24, 24, generator=gen)
+        want = replay_step(x, w, b_cpu)
+        got = replay_step(x.to("mgpu"), w.to("mgpu"), b)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g.cpu(), e)
+        plan = torch_mgpu.last_plan()
+        tiers.append(plan.tier)
+        replays.append(plan.replay)
+        kept.append((got[0], want[0].clone()))
+    assert tiers == [0, 0, 0, 2, 2, 2], (tiers, replays)
+    assert replays[2].startswith("recorded for replay"), replays
+    assert replays[3].startswith("replayed its recording"), replays
+    assert "tier 2: replayed" in str(plan)
+    assert torch_mgpu.stats()["replay_runs"] - runs0 == 3
+    assert torch_mgpu.stats()["replay_pool_bytes"] > 0
+    for got, want in kept:  # no replay wrote what an earlier one returned
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_what_cannot_be_replayed_says_why_and_runs_as_before(sanitized, replaying):
+    streams(["cpu"], 2)
+    x = torch.randn(16, 16)
+    for _ in range(4):
+        xm = x.to("mgpu")
+        y = torch.nn.functional.dropout(torch.tanh(xm @ xm), 0.5) + xm
+        assert y.cpu().shape == (16, 16)
+    plan = torch_mgpu.last_plan()
+    assert plan.tier == 0
+    assert "not replayed" in plan.replay and "draws random numbers" in plan.replay, plan.replay
+
+
+def test_new_input_sizes_record_again(sanitized, replaying):
+    streams(["cpu"], 2)
+    tiers = []
+    for n in (8, 8, 8, 8, 12, 12, 12, 12):
+        x = torch.randn(n, n)
+        xm = x.to("mgpu")
+        got = (torch.tanh(xm @ xm) + torch.sigmoid(xm * 2)).cpu()
+        torch.testing.assert_close(got, torch.tanh(x @ x) + torch.sigmoid(x * 2))
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert tiers == [0, 0, 0, 2, 0, 0, 0, 2], tiers
+
+
+def test_replay_is_off_by_default():
+    assert C._replay_hits() == 0

@@ -12,7 +12,9 @@ class Plan:
     `.refined` whether the graph was planned again with the node times its
     first runs measured. `.tier`: 0 when the graph ran node by node, 1 when
     it ran as code compiled in the background (`configure(compile=...)`),
-    `.compiled` what that code is.
+    2 when it replayed the recording of an earlier run on stream lanes;
+    `.compiled` what the compiled code is, `.replay` whether the graph was
+    recorded or replayed, or why it is not replayed ("" when it was not hot).
     """
 
     def __init__(self, record):
@@ -26,6 +28,7 @@ class Plan:
         self.graph_hash = head["graph_hash"]
         self.tier = head["tier"]
         self.compiled = head["compiled"]
+        self.replay = head["replay"]
         self.lanes_used = head["lanes_used"]
         self.transfers = head["transfers"]
         # Lanes on other ranks: bytes of values sent to and received from workers.
@@ -94,7 +97,8 @@ class Plan:
             + (f", {self.remote_bytes_between_workers} between them"
                if self.remote_bytes_between_workers else "")
             + (", refined by measured node times" if self.refined else "")
-            + (f", tier 1: compiled {self.compiled}" if self.tier else ""),
+            + (f", tier 1: compiled {self.compiled}" if self.tier == 1 else "")
+            + (f", tier 2: {self.replay}" if self.tier == 2 else ""),
             f"  predicted makespan {self.predicted_makespan * 1e3:.3f} ms, "
             f"measured {self.measured_makespan * 1e3:.3f} ms"
             + (f", {self.fused_nodes} node(s) fused" if self.fused_nodes else ""),

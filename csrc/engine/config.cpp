@@ -1,6 +1,7 @@
 // Where graphs run: the lanes (from the environment, then configure()), the
 // cost model measured once per process, and the stream sanitizer's switch.
 #include "engine/config.h"
+#include "engine/replays.h"
 #include "ir/env.h"
 #include "ir/fork_order.h"
 #include "capture/capture.h"
@@ -303,6 +304,7 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   std::lock_guard<std::mutex> config_lock(c.m);
   c.lanes = std::move(next);
   c.plans.clear();
+  clear_replays();  // recordings hold the lanes' places
 }
 
 void start_stream_sanitizer() {

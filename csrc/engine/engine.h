@@ -31,8 +31,11 @@ struct PlanRecord {
   double measured_makespan = 0;
   bool refined = false;  // planned with measured node times (plan::Plan::refined)
   uint64_t graph_hash = 0;
-  int tier = 0;           // 1: the graph ran as compiled code (engine/tiers.h), not node by node
+  // 1: the graph ran as compiled code (engine/tiers.h), not node by node;
+  // 2: it replayed a recording of an earlier run (engine/replays.h).
+  int tier = 0;
   std::string compiled;   // tier 1: what the compiled code is
+  std::string replay;     // whether it was recorded or replayed, or why it is not replayed ("" when not hot)
 };
 
 std::shared_ptr<const PlanRecord> last_plan();

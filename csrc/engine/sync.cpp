@@ -6,6 +6,7 @@
 #include "engine/engine.h"
 #include "engine/execution.h"
 #include "engine/plan_cache.h"
+#include "engine/replays.h"
 #include "engine/report.h"
 #include "engine/tiers.h"
 #include "ir/call_state.h"
@@ -106,8 +107,9 @@ void Execution::run() {
   runtime::counters().syncs++;
   auto t2 = clock::now();
   TierRun tier;
-  std::optional<runtime::ExecResult> compiled;
-  compiled = run_tier1(g, *lanes, caller_threads, tier);
+  ReplayRun replay;
+  std::optional<runtime::ExecResult> compiled = run_replay(g, *lanes, *plan, replay);
+  if (!compiled) compiled = run_tier1(g, *lanes, caller_threads, tier);
   if (compiled) {
     result = std::move(*compiled);
   } else {
@@ -116,11 +118,17 @@ void Execution::run() {
   ran = true;
   auto t3 = clock::now();
   try {
-    observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
-                 static_cast<bool>(result.first_error));
+    if (!replay.replayed)  // a replay is neither tier's run
+      observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
+                   static_cast<bool>(result.first_error));
     auto rec = engine::describe(g, *plan, &result);
     record = rec;
-    if (tier.compiled) {
+    rec->replay = replay.replayed ? "replayed its recording (" + std::to_string(replay.steps) + " steps)"
+        : replay.recorded         ? "recorded for replay (" + std::to_string(replay.steps) + " steps)"
+                                  : replay.why.empty() ? "" : "not replayed: " + replay.why;
+    if (replay.replayed) {
+      rec->tier = 2;
+    } else if (tier.compiled) {
       rec->tier = 1;
       rec->compiled = tier.compiled->description + (tier.choice.empty() ? "" : "; kept after it " + tier.choice);
     } else {

@@ -61,6 +61,7 @@ py::dict plan_summary(const PlanHandle& h) {
   d["graph_hash"] = r.graph_hash;
   d["tier"] = r.tier;
   d["compiled"] = r.compiled;
+  d["replay"] = r.replay;
   d["nodes"] = r.graph.names.size();
   d["fused_nodes"] = std::count_if(r.fused.begin(), r.fused.end(), [](int g) { return g >= 0; });
   return d;

@@ -2,6 +2,7 @@
 // and its compiled functions back to the engine.
 #include "python/tiers.h"
 
+#include "engine/replays.h"
 #include "engine/tiers.h"
 
 #include <pybind11/stl.h>
@@ -115,6 +116,9 @@ void bind_tiers(py::module& m) {
   m.def("_tier_compile_hits", &engine::compile_hits);
   m.def("_set_tier_compile_hits", &engine::set_compile_hits);
   m.def("_set_tier_trial", &engine::set_compile_trial);
+  // Replay of hot graphs on stream lanes (engine/replays.h): off (0) by default.
+  m.def("_replay_hits", &engine::replay_hits);
+  m.def("_set_replay_hits", &engine::set_replay_hits);
   m.def("_tier_trial", &engine::compile_trial);
   m.def("_tier_compiler_present", &engine::set_compiler_present, nogil());
   m.def("_tier_stop", &engine::stop_compiles, nogil());

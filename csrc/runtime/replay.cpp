@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace torch_mgpu::runtime {
@@ -56,6 +57,26 @@ size_t Recording::pool_bytes() const {
       for (const auto& w : s.writes)
         if (w && seen.insert(w.unsafeGetStorageImpl()).second) bytes += w.nbytes();
   return bytes;
+}
+
+void Recording::own_inputs() {
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> own;
+  for (auto& [v, bytes] : inputs) {
+    auto [it, fresh] = own.try_emplace(bytes.unsafeGetStorageImpl());
+    if (fresh) it->second = allocate(bytes.nbytes(), bytes.device());
+    bytes = it->second;
+  }
+  auto swap = [&](c10::Storage& s) {
+    if (!s) return;
+    auto it = own.find(s.unsafeGetStorageImpl());
+    if (it != own.end()) s = it->second;
+  };
+  for (auto& lane : lanes)
+    for (auto& step : lane) {
+      for (auto& s : step.reads) swap(s);
+      for (auto& s : step.writes) swap(s);
+    }
+  for (auto& [v, bytes] : outputs) swap(bytes);
 }
 
 namespace {

@@ -77,6 +77,11 @@ struct Recording {
 
   // Bytes the recording keeps: what its calls wrote (each block once).
   size_t pool_bytes() const;
+  // Gives each input bytes of its own, on the same device: every step,
+  // input and output that held an input's bytes holds the new ones
+  // instead. The run read (and may have written in place) the leaves'
+  // own bytes; replays must not, since a caller's tensor keeps them.
+  void own_inputs();
 };
 
 // Issues recording `r` again: each lane's steps in order on its stream (on

@@ -111,7 +111,11 @@ void Run::record_call(int lane, int i, std::vector<c10::Storage> read, const std
   call.name = "node " + std::to_string(g.nodes[i]->id) + " (" + std::string(g.nodes[i]->name) + ")";  // as run_node reports it
   call.reads = std::move(read);
   call.writes = made;
-  call.call = [node = g.nodes[i], reuse](const std::vector<c10::Storage>& r, const Place& at) {
+  // With the intra-op threads it ran with (a CPU kernel rounds by them).
+  call.call = [node = g.nodes[i], reuse, threads = thread_parallelism()](const std::vector<c10::Storage>& r,
+                                                                          const Place& at) {
+    std::optional<ScopedParallelism> narrow;
+    if (at.device.is_cpu() && threads != thread_parallelism()) narrow.emplace(threads);
     return run_node(*node, r, reuse, at);
   };
   recording->lanes[lane].push_back(std::move(call));

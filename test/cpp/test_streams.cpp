@@ -595,6 +595,36 @@ TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
   EXPECT_TRUE(races.empty()) << races.front();
 }
 
+TEST(Replay, OwnInputsLeaveTheLeavesBytesAsTheyWere) {
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 2);
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(2), nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  std::vector<const void*> leaves;
+  for (const auto& [v, bytes] : rec.inputs) leaves.push_back(bytes.data());
+  rec.own_inputs();
+  ASSERT_EQ(rec.inputs.size(), leaves.size());
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    EXPECT_NE(rec.inputs[k].second.data(), leaves[k]);
+    EXPECT_EQ(rec.inputs[k].first.node->data.data(), leaves[k]);  // the run read the leaf's own bytes
+  }
+  // No step reads a leaf's own bytes any more.
+  for (const auto& lane : rec.lanes)
+    for (const auto& step : lane)
+      for (const auto& s : step.reads) EXPECT_EQ(std::count(leaves.begin(), leaves.end(), s.data()), 0) << step.name;
+  auto fresh = c.set_inputs(rec);
+  runtime::replay(rec);
+  EXPECT_TRUE(torch::allclose(c.result(rec), Replayable::eager(fresh)));
+  for (size_t b = 0; b < c.xms.size(); ++b)
+    EXPECT_TRUE(torch::equal(runtime::cpu_view(capture::buffer_of(c.xms[b])->value.node->data, capture::geometry_of(c.xms[b])),
+                             c.xs[b]));
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
+}
+
 TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
   Replayable c;
   auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());

@@ -1,0 +1,234 @@
+// Replay of hot plans in the sync (replays.h): the registry of hot graphs
+// on stream lanes, their recordings, and a replay's inputs and results.
+#include "engine/replays.h"
+
+#include "engine/tier1.h"
+#include "ir/errors.h"
+#include "ir/lru.h"
+#include "runtime/replay.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace torch_mgpu::engine {
+
+namespace {
+
+struct Entry {
+  int hits = 0;
+  std::string blocked;  // why it is never replayed
+  std::shared_ptr<runtime::Recording> rec;
+  std::vector<int> input_leaf;                   // per rec->inputs: its leaf's number (tier1::Numbering)
+  std::vector<std::pair<int, int>> output_at;    // per rec->outputs: (node, output) in the graph
+  size_t leaves = 0;                             // the graph's leaves
+  bool busy = false;                             // a run is replaying or recording it
+};
+
+struct Replays {
+  std::mutex m;
+  ir::Lru<uint64_t, Entry> entries{256};
+};
+Replays& registry() {
+  static auto* r = new Replays();  // never destroyed: syncs may run at exit
+  return *r;
+}
+std::atomic<int>& hits_needed() {
+  static std::atomic<int> n{0};
+  return n;
+}
+
+void forget(Entry& e) {
+  if (!e.rec) return;
+  runtime::counters().replay_pool_bytes -= static_cast<int64_t>(e.rec->pool_bytes());
+  runtime::counters().replay_recordings -= 1;
+  e.rec.reset();
+}
+
+at::Tensor flat_bytes(const c10::Storage& s, size_t n) {
+  ir::TensorGeometry g;
+  g.dtype = c10::ScalarType::Byte;
+  g.sizes = {static_cast<int64_t>(n)};
+  g.strides = {1};
+  return runtime::view(s, g);
+}
+
+// A copy of `s` in bytes of its own, on its device, complete on return.
+c10::Storage copy_of(const c10::Storage& s) {
+  c10::Storage out = runtime::allocate(s.nbytes(), s.device());
+  if (s.nbytes()) flat_bytes(out, s.nbytes()).copy_(flat_bytes(s, s.nbytes()));
+  return out;
+}
+
+// The results of a run as tier 0 leaves them, from `bytes` of the roots at
+// `at` (each copied: the next replay writes the recording's bytes again).
+void bind_roots(runtime::ExecResult& res, const std::vector<std::pair<int, int>>& at,
+                const std::vector<std::pair<ir::Value, c10::Storage>>& bytes) {
+  for (size_t k = 0; k < at.size(); ++k) {
+    const auto [i, j] = at[k];
+    auto& slot = res.values[static_cast<size_t>(i)];
+    if (slot.size() <= static_cast<size_t>(j)) slot.resize(static_cast<size_t>(j) + 1);
+    if (slot[j]) ir::release(slot[j]);
+    slot[j] = copy_of(bytes[k].second);
+    ir::hold(slot[j]);
+  }
+}
+
+// Records the run of `g`: its result, with the entry set up for replays.
+runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan& p, Entry& e, ReplayRun& run) {
+  auto rec = std::make_shared<runtime::Recording>();
+  runtime::ExecResult res = runtime::execute(g, p, l.places, nullptr, rec.get());
+  if (!rec->unreplayable.empty()) {
+    // A node failed: the next hot run records again. Anything else is the
+    // graph's for good.
+    if (rec->unreplayable != "a node failed") e.blocked = rec->unreplayable;
+    e.hits = 0;
+    run.why = rec->unreplayable;
+    return res;
+  }
+  const tier1::Numbering nb = tier1::number(g);
+  std::vector<int> input_leaf;
+  for (const auto& [v, bytes] : rec->inputs) {
+    const int k = nb.of(v, -1);
+    if (k < 0) {
+      e.blocked = run.why = "an input that is not one of the graph's leaves";
+      return res;
+    }
+    input_leaf.push_back(k);
+  }
+  std::vector<std::pair<int, int>> output_at;
+  for (const auto& [v, bytes] : rec->outputs) output_at.emplace_back(g.find(v.node.get()), v.index);
+  for (const auto& r : g.roots)
+    if (g.find(r.node.get()) >= 0 &&
+        std::find(output_at.begin(), output_at.end(), std::make_pair(g.find(r.node.get()), r.index)) == output_at.end()) {
+      e.blocked = run.why = "a result the run did not keep";
+      return res;
+    }
+  // The roots the sync binds get bytes of their own (copied before the
+  // recording's inputs get theirs: an input written in place is a root
+  // whose bytes are the leaf's until then).
+  bind_roots(res, output_at, rec->outputs);
+  rec->own_inputs();
+  for (const auto& lane : rec->lanes) run.steps += lane.size();
+  e.rec = rec;
+  e.input_leaf = std::move(input_leaf);
+  e.output_at = std::move(output_at);
+  e.leaves = nb.leaves.size();
+  runtime::counters().replay_recordings += 1;
+  runtime::counters().replay_pool_bytes += static_cast<int64_t>(rec->pool_bytes());
+  run.recorded = true;
+  return res;
+}
+
+// Copies the leaves of `g` into the recording's inputs; false where a leaf
+// does not fit (its bytes are another size, it is not materialized).
+bool copy_inputs(const ir::Graph& g, const Entry& e) {
+  const tier1::Numbering nb = tier1::number(g);
+  if (nb.leaves.size() != e.leaves) return false;
+  for (size_t k = 0; k < e.input_leaf.size(); ++k) {
+    const ir::Node& leaf = *nb.leaves[static_cast<size_t>(e.input_leaf[k])].node;
+    const c10::Storage& into = e.rec->inputs[k].second;
+    if (leaf.kind == ir::NodeKind::Empty) continue;  // uninitialized: any bytes do
+    if (leaf.kind != ir::NodeKind::Data || leaf.data.nbytes() != into.nbytes()) return false;
+    c10::Storage from = leaf.data;
+    if (from.device() != into.device()) {
+      if (auto r = leaf.replica(into.device())) from = r;
+    }
+    if (into.nbytes()) flat_bytes(into, into.nbytes()).copy_(flat_bytes(from, into.nbytes()));
+  }
+  return true;
+}
+
+} // namespace
+
+int replay_hits() { return hits_needed().load(std::memory_order_relaxed); }
+void set_replay_hits(int hits) {
+  TORCH_CHECK(hits >= 0, "replay hits must be 0 (off) or more, got ", hits);
+  hits_needed() = hits;
+}
+
+void clear_replays() {
+  if (runtime::in_forked_child()) return;  // its lock may have been held at the fork
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  std::vector<uint64_t> idle;  // a busy entry's run is under way: it stays
+  r.entries.for_each([&](const uint64_t& k, Entry& e) {
+    if (e.busy) return;
+    forget(e);
+    idle.push_back(k);
+  });
+  for (uint64_t k : idle) r.entries.erase(k);
+}
+
+std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l, const plan::Plan& p, ReplayRun& run) {
+  const int need = replay_hits();
+  if (need <= 0 || g.size() == 0 || l.places.empty() || !l.places[0].on_stream()) return std::nullopt;
+  // A forked child runs plans on one lane and takes no lock of this registry
+  // (another thread may have held it at the fork).
+  if (runtime::in_forked_child()) return std::nullopt;
+  const uint64_t key = ir::hash_combine(tier1::key_of(g, l), tier1::fixed_hash(g, {}));
+  auto& r = registry();
+  Entry* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.m);
+    e = &r.entries.get(key, [](const Entry& x) { return x.busy; }, [](const uint64_t&, Entry& x) { forget(x); });
+    if (!e->blocked.empty()) {
+      run.why = e->blocked;
+      return std::nullopt;
+    }
+    if (e->busy || (!e->rec && ++e->hits <= need)) return std::nullopt;
+    e->busy = true;  // kept in the registry (Lru's keep) until done
+  }
+  struct Done {
+    Replays& r;
+    Entry& e;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(r.m);
+      e.busy = false;
+    }
+  } done{r, *e};
+  if (!e->rec) {
+    if (auto why = runtime::replay_blocker(g, p, l.places)) {
+      e->blocked = run.why = *why;
+      return std::nullopt;
+    }
+    const ir::CallState plain;
+    for (const auto& n : g.nodes)
+      if (n->state != plain) {
+        e->blocked = run.why = runtime::describe_node(*n) + " was called under non-default settings";
+        return std::nullopt;
+      }
+    return record(g, l, p, *e, run);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (!copy_inputs(g, *e)) {
+      // Its leaves are not those it was recorded with: recorded again when hot.
+      std::lock_guard<std::mutex> lock(r.m);
+      forget(*e);
+      e->hits = 0;
+      return std::nullopt;
+    }
+    runtime::replay(*e->rec);
+  } catch (const std::exception& ex) {
+    std::lock_guard<std::mutex> lock(r.m);
+    forget(*e);
+    e->hits = 0;
+    runtime::counters().replay_dropped += 1;
+    run.why = "its replay failed: " + ir::message_of(ex);
+    return std::nullopt;
+  }
+  runtime::ExecResult res;
+  res.values.resize(g.size());
+  res.status.assign(g.size(), runtime::Status::Ok);
+  res.timing.resize(g.size());
+  res.started = t0;
+  bind_roots(res, e->output_at, e->rec->outputs);
+  res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& lane : e->rec->lanes) run.steps += lane.size();
+  run.replayed = true;
+  runtime::counters().replay_runs += 1;
+  return res;
+}
+
+} // namespace torch_mgpu::engine

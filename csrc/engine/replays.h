@@ -1,0 +1,42 @@
+#pragma once
+// Replay of hot plans in the sync (runtime/replay.h): a graph on stream
+// lanes that syncs again and again, with the same structure, the same
+// constants and the same input sizes, has one run recorded, and later syncs
+// of it copy their inputs into the recording's own input bytes and replay
+// it, with no plan, no per-node dispatch, no capture of a new graph's bytes:
+// on a GPU one CUDA graph launch (not built yet: the stand-in replay issues
+// the recorded steps again, which is what CPU stream lanes run).
+//
+// Off by default (replay_hits() 0) until replay competes with tiers 0 and 1
+// in the trial; the stream sanitizer's tests turn it on. What cannot be
+// replayed (runtime::replay_blocker, a node under non-default settings, a
+// run that crossed devices) is known before recording and kept with the
+// graph: it runs in tier 0 or 1, and last_plan() says why.
+#include "engine/execution.h"
+
+#include <optional>
+#include <string>
+
+namespace torch_mgpu::engine {
+
+// Syncs of one graph counted before its next run is recorded (0: replay off).
+int replay_hits();
+void set_replay_hits(int hits);
+// Drops every recording (configure() changing the lanes, tests).
+void clear_replays();
+
+struct ReplayRun {
+  bool recorded = false;  // this run was recorded (it ran in tier 0)
+  bool replayed = false;  // this run was a replay
+  std::string why;        // why the graph is not replayed ("" when it is, or not yet hot)
+  size_t steps = 0;       // the recording's steps
+};
+
+// Runs `g` by replaying its recording where it has one (the results bound
+// as tier 0 leaves them: the roots in fresh bytes of their own), or records
+// this run when it has just become hot; nullopt when neither (tier 1 or 0
+// runs it). A replay that fails drops the recording and returns nullopt:
+// it wrote only the recording's own bytes, so tier 0 runs the graph anew.
+std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l, const plan::Plan& p, ReplayRun& run);
+
+} // namespace torch_mgpu::engine
