@@ -55,3 +55,39 @@ def test_a_device_argument_compiles_for_the_gpu(tiered, no_trial):
         assert tiers == [0, 0, 1, 1], torch_mgpu._C._tier_last_error()
     finally:
         torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
+def test_a_hot_graph_on_the_streams_of_a_gpu_replays_with_eager_results():
+    # Replay on CUDA stream lanes (the recorded steps issued again; the
+    # same code test_stream_sanitizer checks on CPU stream lanes): eager's
+    # values, an in-place write into an input, earlier results kept.
+    from test_stream_sanitizer import replay_step
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    hits, compile_hits, saved_async = (torch_mgpu._C._replay_hits(), torch_mgpu._C._tier_compile_hits(),
+                                       torch_mgpu.async_ops())
+    torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=3, compile=0)
+    torch_mgpu._C._set_replay_hits(2)
+    torch_mgpu.set_async_ops(0)
+    try:
+        gen = torch.Generator().manual_seed(4)
+        w = torch.randn(256, 256, generator=gen)
+        b_cpu = torch.randn(256, generator=gen)
+        b = b_cpu.to("mgpu")
+        tiers, kept = [], []
+        for _ in range(6):
+            x = torch.randn(256, 256, generator=gen)
+            want = replay_step(x, w, b_cpu)
+            got = replay_step(x.to("mgpu"), w.to("mgpu"), b)
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
+            tiers.append(torch_mgpu.last_plan().tier)
+            kept.append((got[0], want[0].clone()))
+        assert tiers == [0, 0, 0, 2, 2, 2], (tiers, torch_mgpu.last_plan().replay)
+        for g, e in kept:
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
+        print("replay on CUDA lanes:", torch_mgpu.last_plan().replay)
+    finally:
+        torch_mgpu._C._set_replay_hits(hits)
+        torch_mgpu.set_async_ops(saved_async)
+        torch_mgpu.configure(**torch_mgpu._configuration_of(*before), compile=compile_hits)

@@ -7,6 +7,8 @@
 #include "ir/lru.h"
 #include "runtime/replay.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -136,6 +138,14 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
     }
     if (into.nbytes()) flat_bytes(into, into.nbytes()).copy_(flat_bytes(from, into.nbytes()));
   }
+  // On a device the copies are queued on this thread's stream (a copy from
+  // pageable host memory may return before it lands): the lanes' streams
+  // start after them.
+  for (const auto& [v, into] : e.rec->inputs)
+    if (!into.device().is_cpu()) {
+      c10::impl::VirtualGuardImpl(into.device().type()).getStream(into.device()).synchronize();
+      break;  // one device (replay_blocker)
+    }
   return true;
 }
 
