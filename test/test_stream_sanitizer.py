@@ -456,6 +456,47 @@ def test_what_cannot_be_replayed_says_why_and_runs_as_before(sanitized, replayin
     plan = torch_mgpu.last_plan()
     assert plan.tier == 0
     assert "not replayed" in plan.replay and "draws random numbers" in plan.replay, plan.replay
+    # A random op of the graph (its generator seeded at the call): each
+    # step draws new numbers.
+    draws = []
+    for step in range(5):
+        xm = x.to("mgpu")
+        draws.append((torch.tanh(xm @ xm) + torch.randn(16, 16, device="mgpu")).cpu())
+    plan = torch_mgpu.last_plan()
+    assert plan.tier == 0 and "a generator seeded at its call" in plan.replay, plan.replay
+    assert not torch.equal(draws[3], draws[4])
+
+
+def test_a_replay_that_fails_drops_its_recording_and_the_graph_runs_anew(sanitized, replaying):
+    # A kernel failing in a replay (an injected fault): the other lanes stop
+    # and finish what they queued, the recording is dropped, and tier 0 runs
+    # the graph: eager's values, the in-place write made once. Then the
+    # graph records again once hot again.
+    streams(["cpu"], 3)
+    gen = torch.Generator().manual_seed(8)
+    w = torch.randn(24, 24, generator=gen)
+    b_cpu = torch.randn(24, generator=gen)
+    b = b_cpu.to("mgpu")
+    stats = torch_mgpu.stats
+
+    def step():
+        x = torch.randn(24, 24, generator=gen)
+        want = replay_step(x, w, b_cpu)
+        got = replay_step(x.to("mgpu"), w.to("mgpu"), b)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g.cpu(), e)
+        return torch_mgpu.last_plan()
+
+    assert [step().tier for _ in range(4)] == [0, 0, 0, 2]
+    dropped = stats()["replay_dropped"]
+    C._inject_fault("node", 4)
+    try:
+        plan = step()
+    finally:
+        C._inject_fault("node", 0)
+    assert plan.tier == 0 and "its replay failed" in plan.replay, plan.replay
+    assert stats()["replay_dropped"] == dropped + 1
+    assert [step().tier for _ in range(4)] == [0, 0, 0, 2]
 
 
 def test_new_input_sizes_record_again(sanitized, replaying):
@@ -468,6 +509,39 @@ def test_new_input_sizes_record_again(sanitized, replaying):
         torch.testing.assert_close(got, torch.tanh(x @ x) + torch.sigmoid(x * 2))
         tiers.append(torch_mgpu.last_plan().tier)
     assert tiers == [0, 0, 0, 2, 0, 0, 0, 2], tiers
+
+
+def test_recordings_past_the_bound_drop_the_least_recently_used(sanitized, replaying):
+    streams(["cpu"], 2)
+
+    def hot(n, runs=4):
+        tiers = []
+        for _ in range(runs):
+            x = torch.randn(n, n)
+            xm = x.to("mgpu")
+            torch.testing.assert_close((torch.tanh(xm @ xm) + xm * 2).cpu(), torch.tanh(x @ x) + x * 2)
+            tiers.append(torch_mgpu.last_plan().tier)
+        return tiers
+
+    limit = C._replay_pool_limit()
+    stats = torch_mgpu.stats
+    try:
+        for bound in [(limit[0], 1), (1, limit[1])]:  # one recording; one byte (the newest stays)
+            C._set_replay_pool_limit(*bound)
+            evicted = stats()["replay_evicted"]
+            assert hot(8) == [0, 0, 0, 2]
+            assert stats()["replay_recordings"] == 1
+            assert hot(12) == [0, 0, 0, 2]  # its recording drops the first graph's
+            assert stats()["replay_recordings"] == 1 and stats()["replay_evicted"] == evicted + 1
+            assert hot(12, 1) == [2]
+            assert hot(8) == [0, 0, 0, 2], "recorded again once hot again"
+            assert stats()["replay_evicted"] == evicted + 2
+        C._set_replay_pool_limit(*limit)
+        assert hot(12) == [0, 0, 0, 2]
+        assert hot(8, 1) == [2]  # both kept under the default bound
+        assert stats()["replay_recordings"] == 2
+    finally:
+        C._set_replay_pool_limit(*limit)
 
 
 def test_replay_is_off_by_default():

@@ -30,6 +30,7 @@ struct Entry {
 struct Replays {
   std::mutex m;
   ir::Lru<uint64_t, Entry> entries{256};
+  ReplayPoolLimit limit;
 };
 Replays& registry() {
   static auto* r = new Replays();  // never destroyed: syncs may run at exit
@@ -47,6 +48,26 @@ void forget(Entry& e) {
   e.rec.reset();
 }
 
+// Drops the least recently used recordings (not `keep`'s, not one in use)
+// until those kept fit the limit. Under the lock.
+void trim(Replays& r, const Entry* keep) {
+  std::vector<Entry*> kept;  // most recently used first
+  r.entries.for_each([&](const uint64_t&, Entry& e) {
+    if (!e.busy && e.rec) kept.push_back(&e);
+  });
+  auto over = [&] {
+    return runtime::counters().replay_pool_bytes.load() > static_cast<int64_t>(r.limit.bytes) ||
+        runtime::counters().replay_recordings.load() > static_cast<int64_t>(r.limit.recordings);
+  };
+  for (auto it = kept.rbegin(); it != kept.rend() && over(); ++it) {
+    Entry& e = **it;
+    if (&e == keep) continue;
+    forget(e);
+    e.hits = 0;  // recorded again once hot again
+    runtime::counters().replay_evicted += 1;
+  }
+}
+
 at::Tensor flat_bytes(const c10::Storage& s, size_t n) {
   ir::TensorGeometry g;
   g.dtype = c10::ScalarType::Byte;
@@ -55,23 +76,36 @@ at::Tensor flat_bytes(const c10::Storage& s, size_t n) {
   return runtime::view(s, g);
 }
 
-// A copy of `s` in bytes of its own, on its device, complete on return.
+// A copy of `s` in bytes of its own, on its device (queued on this
+// thread's stream there: wait_for_copies).
 c10::Storage copy_of(const c10::Storage& s) {
   c10::Storage out = runtime::allocate(s.nbytes(), s.device());
   if (s.nbytes()) flat_bytes(out, s.nbytes()).copy_(flat_bytes(s, s.nbytes()));
   return out;
 }
 
-// The results of a run as tier 0 leaves them, from `bytes` of the roots at
-// `at` (each copied: the next replay writes the recording's bytes again).
+// Copies queued on this thread's stream of `device` are done (a copy from
+// pageable host memory may return before it lands; a device's copy is
+// queued): lanes' streams and the host may read their bytes from here on.
+void wait_for_copies(c10::Device device) {
+  if (!device.is_cpu()) c10::impl::VirtualGuardImpl(device.type()).getStream(device).synchronize();
+}
+
+// The roots' bytes as tier 0 leaves them, from `bytes`, at `at` (each
+// copied: the next replay writes the recording's bytes again). Throws
+// before it changes `res`.
 void bind_roots(runtime::ExecResult& res, const std::vector<std::pair<int, int>>& at,
                 const std::vector<std::pair<ir::Value, c10::Storage>>& bytes) {
+  std::vector<c10::Storage> copies;
+  copies.reserve(at.size());
+  for (size_t k = 0; k < at.size(); ++k) copies.push_back(copy_of(bytes[k].second));
+  if (!copies.empty()) wait_for_copies(copies[0].device());
   for (size_t k = 0; k < at.size(); ++k) {
     const auto [i, j] = at[k];
     auto& slot = res.values[static_cast<size_t>(i)];
     if (slot.size() <= static_cast<size_t>(j)) slot.resize(static_cast<size_t>(j) + 1);
     if (slot[j]) ir::release(slot[j]);
-    slot[j] = copy_of(bytes[k].second);
+    slot[j] = std::move(copies[k]);
     ir::hold(slot[j]);
   }
 }
@@ -106,11 +140,22 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
       e.blocked = run.why = "a result the run did not keep";
       return res;
     }
-  // The roots the sync binds get bytes of their own (copied before the
-  // recording's inputs get theirs: an input written in place is a root
-  // whose bytes are the leaf's until then).
-  bind_roots(res, output_at, rec->outputs);
-  rec->own_inputs();
+  try {
+    // The roots the sync binds get bytes of their own (copied before the
+    // recording's inputs get theirs: an input written in place is a root
+    // whose bytes are the leaf's until then).
+    bind_roots(res, output_at, rec->outputs);
+    rec->own_inputs();
+  } catch (const std::exception& ex) {
+    // Memory ran out: the run's results stand as tier 0 left them (it has
+    // written in place: it must be bound, not run again); no recording.
+    e.hits = 0;
+    run.why = "recording it failed: " + ir::message_of(ex);
+    return res;
+  }
+  // The graph's nodes and the leaves' first bytes are not kept with it.
+  for (auto& in : rec->inputs) in.first = ir::Value();
+  for (auto& out : rec->outputs) out.first = ir::Value();
   for (const auto& lane : rec->lanes) run.steps += lane.size();
   e.rec = rec;
   e.input_leaf = std::move(input_leaf);
@@ -118,6 +163,11 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   e.leaves = nb.leaves.size();
   runtime::counters().replay_recordings += 1;
   runtime::counters().replay_pool_bytes += static_cast<int64_t>(rec->pool_bytes());
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.m);
+    trim(r, &e);
+  }
   run.recorded = true;
   return res;
 }
@@ -130,22 +180,25 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
   for (size_t k = 0; k < e.input_leaf.size(); ++k) {
     const ir::Node& leaf = *nb.leaves[static_cast<size_t>(e.input_leaf[k])].node;
     const c10::Storage& into = e.rec->inputs[k].second;
-    if (leaf.kind == ir::NodeKind::Empty) continue;  // uninitialized: any bytes do
-    if (leaf.kind != ir::NodeKind::Data || leaf.data.nbytes() != into.nbytes()) return false;
-    c10::Storage from = leaf.data;
-    if (from.device() != into.device()) {
-      if (auto r = leaf.replica(into.device())) from = r;
+    c10::Storage from;
+    if (leaf.kind == ir::NodeKind::Empty) {
+      // Uninitialized, yet one value: the bytes it already has somewhere,
+      // or from now on those the replay reads.
+      from = leaf.replica_or(into.device(), [&](const c10::Storage* any) {
+        return any ? runtime::copy_to(*any, into.device(), /*wait=*/true) : copy_of(into);
+      });
+    } else if (leaf.kind == ir::NodeKind::Data) {
+      from = leaf.data;
+      if (from.device() != into.device())
+        if (auto r = leaf.replica(into.device())) from = r;
+    } else {
+      return false;
     }
+    if (from.nbytes() < into.nbytes()) return false;
     if (into.nbytes()) flat_bytes(into, into.nbytes()).copy_(flat_bytes(from, into.nbytes()));
   }
-  // On a device the copies are queued on this thread's stream (a copy from
-  // pageable host memory may return before it lands): the lanes' streams
-  // start after them.
-  for (const auto& [v, into] : e.rec->inputs)
-    if (!into.device().is_cpu()) {
-      c10::impl::VirtualGuardImpl(into.device().type()).getStream(into.device()).synchronize();
-      break;  // one device (replay_blocker)
-    }
+  // The lanes' streams start after the copies.
+  if (!e.rec->inputs.empty()) wait_for_copies(e.rec->inputs[0].second.device());
   return true;
 }
 
@@ -155,6 +208,19 @@ int replay_hits() { return hits_needed().load(std::memory_order_relaxed); }
 void set_replay_hits(int hits) {
   TORCH_CHECK(hits >= 0, "replay hits must be 0 (off) or more, got ", hits);
   hits_needed() = hits;
+}
+
+ReplayPoolLimit replay_pool_limit() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  return r.limit;
+}
+
+void set_replay_pool_limit(ReplayPoolLimit limit) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.limit = limit;
+  trim(r, nullptr);
 }
 
 void clear_replays() {
@@ -176,17 +242,25 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
   // A forked child runs plans on one lane and takes no lock of this registry
   // (another thread may have held it at the fork).
   if (runtime::in_forked_child()) return std::nullopt;
-  const uint64_t key = ir::hash_combine(tier1::key_of(g, l), tier1::fixed_hash(g, {}));
+  // What a recorded call keeps and the structural hash does not see: the
+  // constants' values, each node's grad mode and intra-op thread count, and
+  // the lanes' thread count.
+  uint64_t key = ir::hash_combine(tier1::key_of(g, l), tier1::fixed_hash(g, {}));
+  key = ir::hash_combine(key, static_cast<uint64_t>(p.threads_per_lane));
+  for (const auto& n : g.nodes)
+    key = ir::hash_combine(key, (static_cast<uint64_t>(static_cast<uint16_t>(n->call_threads)) << 1) | n->grad_mode);
   auto& r = registry();
   Entry* e = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.m);
     e = &r.entries.get(key, [](const Entry& x) { return x.busy; }, [](const uint64_t&, Entry& x) { forget(x); });
+    // A busy entry's fields are its run's until it is done.
+    if (e->busy) return std::nullopt;
     if (!e->blocked.empty()) {
       run.why = e->blocked;
       return std::nullopt;
     }
-    if (e->busy || (!e->rec && ++e->hits <= need)) return std::nullopt;
+    if (!e->rec && ++e->hits <= need) return std::nullopt;
     e->busy = true;  // kept in the registry (Lru's keep) until done
   }
   struct Done {

@@ -24,6 +24,16 @@ int replay_hits();
 void set_replay_hits(int hits);
 // Drops every recording (configure() changing the lanes, tests).
 void clear_replays();
+// What the recordings kept at once may hold: the bytes of their pools and
+// their count. A new recording past either drops the least recently used
+// others (their graphs record again when hot again; stats()
+// replay_evicted counts them).
+struct ReplayPoolLimit {
+  size_t bytes = size_t(2) << 30;
+  size_t recordings = 64;
+};
+ReplayPoolLimit replay_pool_limit();
+void set_replay_pool_limit(ReplayPoolLimit limit);
 
 struct ReplayRun {
   bool recorded = false;  // this run was recorded (it ran in tier 0)

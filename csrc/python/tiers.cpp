@@ -119,6 +119,13 @@ void bind_tiers(py::module& m) {
   // Replay of hot graphs on stream lanes (engine/replays.h): off (0) by default.
   m.def("_replay_hits", &engine::replay_hits);
   m.def("_set_replay_hits", &engine::set_replay_hits);
+  m.def("_replay_pool_limit", [] {
+    const auto l = engine::replay_pool_limit();
+    return std::make_pair(l.bytes, l.recordings);
+  });
+  m.def("_set_replay_pool_limit", [](size_t bytes, size_t recordings) {
+    engine::set_replay_pool_limit(engine::ReplayPoolLimit{bytes, recordings});
+  });
   m.def("_tier_trial", &engine::compile_trial);
   m.def("_tier_compiler_present", &engine::set_compiler_present, nogil());
   m.def("_tier_stop", &engine::stop_compiles, nogil());

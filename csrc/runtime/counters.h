@@ -50,11 +50,12 @@ namespace torch_mgpu::runtime {
   X(tier1_fallbacks)                                                                                        \
   X(tier1_rejected)                                                                                         \
   /* replay (engine/replays.h): runs replayed, recordings kept now and the bytes they keep, replays that */  \
-  /* failed (their recording dropped, the graph run again in tier 0) */                                       \
+  /* failed (their recording dropped, the graph run again in tier 0), recordings dropped by the bound */       \
   X(replay_runs)                                                                                            \
   X(replay_recordings)                                                                                      \
   X(replay_pool_bytes)                                                                                      \
-  X(replay_dropped)
+  X(replay_dropped)                                                                                         \
+  X(replay_evicted)
 
 // Each counter on its own cache line: the recording thread and the lanes
 // bump different counters at once.

@@ -42,11 +42,32 @@ std::optional<std::string> replay_blocker(const ir::Graph& g, const plan::Plan& 
     if (!runs_on(n, place))
       return describe_node(n) + " has no kernel for " + place.device.str() + ": it would run on the host";
     if (n.seed) return describe_node(n) + " draws random numbers: a replay would draw the same ones again";
+    for (const auto& a : n.args)
+      if (a.kind == ir::Arg::Kind::Constant && a.constant.isGenerator())
+        return describe_node(n) + " draws random numbers from a generator seeded at its call: a replay would draw "
+                                  "from the recorded call's";
     for (const auto& o : n.outputs) made += o.nbytes;
   }
   if (made > limits.pool_bytes)
     return "its values need " + mib(made) + ", more than a graph's pool holds (" + mib(limits.pool_bytes) + ")";
   return std::nullopt;
+}
+
+ir::NodePtr call_of(const ir::Node& n) {
+  ir::NodePtr c = ir::new_node();
+  c->kind = n.kind;
+  c->name = n.name;
+  c->op = n.op;
+  c->args = n.args;
+  c->outputs = n.outputs;
+  c->seed = n.seed;
+  c->state = n.state;
+  c->grad_mode = n.grad_mode;
+  c->call_threads = n.call_threads;
+  c->written = n.written;
+  c->where = n.where;
+  c->id = n.id;
+  return c;
 }
 
 size_t Recording::pool_bytes() const {
@@ -104,14 +125,17 @@ struct Issued {
 void issue_lane(const Recording& r, size_t l, Issued& is) {
   const Place& place = r.places.at(l);
   c10::StreamGuard guard(place.stream);
+  bool stopped = false;  // another lane failed: this one queues no more, and finishes what it queued
   for (const auto& step : r.lanes[l]) {
+    if (stopped) break;
     switch (step.kind) {
       case Recording::Step::Kind::Wait: {
         {
           std::unique_lock<std::mutex> lock(is.m);
           is.cv.wait(lock, [&] { return is.failed || is.recorded[static_cast<size_t>(step.event)]; });
-          if (is.failed) return;
+          stopped = is.failed;
         }
+        if (stopped) break;
         observers().before_event_wait();
         if (!observers().drops_event_wait()) is.events[static_cast<size_t>(step.event)]->block(place.stream);
         break;
@@ -180,6 +204,7 @@ void replay(const Recording& r) {
         is.cv.notify_all();
         try {
           r.places.at(l).stream.synchronize();
+          observers().lane_done();  // its bytes may be freed once the replay returns
         } catch (...) {
         }
       }
@@ -192,7 +217,8 @@ void replay(const Recording& r) {
   if (observers().watches_streams()) {
     std::vector<std::pair<const void*, std::string>> results;
     for (const auto& [v, s] : r.outputs)
-      if (s) results.emplace_back(s.data(), "a replayed result of node " + std::to_string(v.node->id));
+      if (s) results.emplace_back(s.data(), v.node ? "a replayed result of node " + std::to_string(v.node->id)
+                                                   : std::string("a replayed result"));
     observers().run_done(results);
   }
   if (is.error) std::rethrow_exception(is.error);

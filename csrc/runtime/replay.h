@@ -63,7 +63,8 @@ struct Recording {
     std::vector<c10::Storage> reads, writes;
     // Call: the results from the bytes of `reads`, run at `place` (its
     // stream current); a result in other bytes than its `writes` entry is
-    // copied there.
+    // copied there. A recorded part's call is copied: what it refers to
+    // must outlive the recording.
     std::function<std::vector<c10::Storage>(const std::vector<c10::Storage>& reads, const Place& place)> call;
   };
   std::vector<Place> places;
@@ -83,6 +84,11 @@ struct Recording {
   // own bytes; replays must not, since a caller's tensor keeps them.
   void own_inputs();
 };
+
+// What a recorded call of node `n` keeps of it: everything run_node reads,
+// not its operands (which would keep the graph before it, and the leaves'
+// bytes, alive with the recording).
+ir::NodePtr call_of(const ir::Node& n);
 
 // Issues recording `r` again: each lane's steps in order on its stream (on
 // a thread of its own); a Wait waits on the host until the Record of its

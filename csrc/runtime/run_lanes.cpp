@@ -112,10 +112,11 @@ void Run::record_call(int lane, int i, std::vector<c10::Storage> read, const std
   call.reads = std::move(read);
   call.writes = made;
   // With the intra-op threads it ran with (a CPU kernel rounds by them).
-  call.call = [node = g.nodes[i], reuse, threads = thread_parallelism()](const std::vector<c10::Storage>& r,
+  call.call = [node = call_of(*g.nodes[i]), reuse, threads = thread_parallelism()](const std::vector<c10::Storage>& r,
                                                                           const Place& at) {
     std::optional<ScopedParallelism> narrow;
     if (at.device.is_cpu() && threads != thread_parallelism()) narrow.emplace(threads);
+    observers().before_node(*node);
     return run_node(*node, r, reuse, at);
   };
   recording->lanes[lane].push_back(std::move(call));
