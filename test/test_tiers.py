@@ -1380,6 +1380,26 @@ def test_a_bool_sum_with_alpha_stays_in_tier_0(tiered, no_trial):
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def test_an_integer_op_with_a_fractional_beta_stays_in_tier_0(tiered, no_trial):
+    # Eager casts addmm's beta=0.5 to int64 (0) before it scales `input`;
+    # inductor's code scaled by 0.5 and rounded after (difffuzz seed
+    # 3965240: every element one or two apart). Tier 0 runs such graphs.
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randint(-4, 5, (3, 1), generator=gen)
+    r = torch.randint(-4, 5, (1, 3), generator=gen)
+    x = torch.randn(4, generator=gen)
+
+    def f(m, r, x):
+        return torch.addmm(r, m, r, beta=0.5, alpha=2), x * 2
+
+    tiers = run_hot(f, [m, r, x], exact=True)
+    assert tiers == [0, 0, 0, 0]
+    assert "an integer op with a fractional alpha or beta" in torch_mgpu._C._tier_last_error()
+    # A fractional beta over floats compiles.
+    tiers = run_hot(f, [m.double(), r.double(), x])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
 def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0(tiered, no_trial):
     # copy_ from a view of the tensor it writes: eager's kernel reads
     # elements it has already written (difffuzz seed 3730403); compiled

@@ -206,6 +206,27 @@ bool bool_sum_with_alpha(const ir::Node& n) {
   return has_bool && alpha_not_one;
 }
 
+// An op over integer tensors given a fractional alpha or beta (`addmm(a, b,
+// c, beta=0.5)` on int64): eager's kernel casts the scalar to the integer
+// type first (0.5 -> 0); inductor's code multiplies by 0.5 and rounds after
+// (difffuzz seed 3965240).
+bool integer_op_with_fractional_scale(const ir::Node& n) {
+  const auto& schema_args = n.op->schema().arguments();
+  bool fractional = false, integral = false;
+  for (size_t k = 0; k < n.args.size() && k < schema_args.size(); ++k) {
+    const auto& a = n.args[k];
+    for (const auto& t : a.tensors)
+      integral = integral || (t && c10::isIntegralType(t->geom.dtype, /*includeBool=*/false));
+    const auto& name = schema_args[k].name();
+    if ((name == "alpha" || name == "beta") && a.kind == ir::Arg::Kind::Constant && a.constant.isScalar()) {
+      const c10::Scalar s = a.constant.toScalar();
+      if (s.isFloatingPoint() && s.toDouble() != static_cast<double>(static_cast<int64_t>(s.toDouble())))
+        fractional = true;
+    }
+  }
+  return integral && fractional;
+}
+
 // Whether a view may reach one element through two indices (`unfold(0, 2,
 // 1)`, an expanded dim): sorted by stride, each dim longer than 1 must step
 // past everything the dims before it reach. A write through such a view
@@ -262,6 +283,7 @@ std::string ineligible(const ir::Graph& g, const Lanes& l) {
     for (const auto& o : n->outputs)
       if (o.mutated_operand < 0 && c10::isComplexType(o.geom.dtype)) return no("complex tensors");
     if (bool_sum_with_alpha(*n)) return no("a sum of bool tensors with an alpha other than 1");
+    if (integer_op_with_fractional_scale(*n)) return no("an integer op with a fractional alpha or beta");
     for (const auto& w : n->written) {
       const auto& a = n->args.at(static_cast<size_t>(w.arg));
       const auto& ref = a.kind == ir::Arg::Kind::Tensor ? a.tensors.at(0) : a.tensors.at(static_cast<size_t>(w.element));
