@@ -1400,6 +1400,23 @@ def test_an_integer_op_with_a_fractional_beta_stays_in_tier_0(tiered, no_trial):
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8])
+def test_the_index_of_a_min_or_max_over_byte_values_is_eagers_in_compiled_code(tiered, no_trial, dtype):
+    # Inductor's vectorized min with indices over one-byte values along the
+    # innermost dim returned other indices than eager's first minimum, some
+    # holding no minimum (difffuzz seed 3965385: 50 of 112; torch.compile
+    # alone does the same). The replay reduces int32 values instead.
+    x = torch.randint(0, 2, (4, 28, 79), generator=torch.Generator().manual_seed(711)).to(dtype)
+
+    def f(x):
+        v, i = x.min(-1)
+        w, j = x.max(-1)
+        return v, i, w, j, x.argmin(-1) if dtype != torch.bool else i, x.sum(-1) * 2
+
+    tiers = run_hot(f, [x], exact=True)
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
 def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0(tiered, no_trial):
     # copy_ from a view of the tensor it writes: eager's kernel reads
     # elements it has already written (difffuzz seed 3730403); compiled

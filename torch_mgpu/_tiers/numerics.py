@@ -341,25 +341,37 @@ def _batch_norm_formula(node):
     return _WholeCall(functools.partial(_eager_batch_norm, op, names), names)
 
 
-def _bool_min_dim(op, names, *vals):
-    """min.dim of a bool tensor over uint8 values: inductor's code gives the
-    index of the first True where eager gives the first False (difffuzz
-    seed 3924806: [True, False].min(0) gave index 0)."""
+_BYTE_DTYPES = (torch.bool, torch.uint8, torch.int8)
+_INDEX_REDUCTIONS = {("aten::min", "dim"), ("aten::max", "dim"), ("aten::argmin", ""), ("aten::argmax", "")}
+
+
+def _byte_index_reduction(op, names, *vals):
+    """The index of a min or max (min.dim, max.dim, argmin, argmax) over
+    bool or one-byte integers, over int32 values: inductor's code over the
+    bytes gave the index of the first True for a bool min (difffuzz seed
+    3924806: [True, False].min(0) gave index 0), and its vectorized code
+    along the innermost dim other indices than eager's first minimum, some
+    holding no minimum (seed 3965385: a bool min(-1) over 79, 50 of 112)."""
     a = dict(zip(names, vals))
+    x = a["self"]
     rest = [a[n] for n in names[1:]]
-    values, indices = op(a["self"].to(torch.uint8), *rest)
-    return values.bool(), indices
+    out = op(x.to(torch.int32), *rest)
+    if isinstance(out, tuple):
+        values, indices = out
+        return values.to(x.dtype), indices
+    return out
 
 
-def _bool_min_formula(node):
-    """For min.dim (not its out= variant) of a bool tensor: _bool_min_dim."""
+def _byte_index_formula(node):
+    """For the index reductions (not their out= variants) of bool or
+    one-byte values: _byte_index_reduction."""
     names = [a.name for a in node["args"]]
-    if node["op"] != "aten::min" or node["overload"] != "dim" or "out" in names:
+    if (node["op"], node["overload"]) not in _INDEX_REDUCTIONS or "out" in names:
         return None
     x = node["args"][0]
-    if x.kind != "t" or x.value.geom.dtype != torch.bool:
+    if x.kind != "t" or x.value.geom.dtype not in _BYTE_DTYPES:
         return None
-    return _WholeCall(functools.partial(_bool_min_dim, _op(node["op"], node["overload"]), names), names)
+    return _WholeCall(functools.partial(_byte_index_reduction, _op(node["op"], node["overload"]), names), names)
 
 
 _NLL_LOSSES = frozenset(("aten::nll_loss_forward", "aten::nll_loss2d_forward"))
@@ -440,7 +452,7 @@ def _eager_formula(node):
     names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
-    for find in (_batch_norm_formula, _bool_min_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
+    for find in (_batch_norm_formula, _byte_index_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
         formula = find(node)
         if formula is not None:
             return formula
