@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -402,7 +403,7 @@ struct PartsCase {
   ir::Graph g;
   plan::Plan p;
   runtime::Parts parts;
-  int calls = 0;
+  std::atomic<int> calls{0};  // the parts run on two lanes at once
   bool fail_second = false;
 
   PartsCase() {
@@ -570,6 +571,7 @@ size_t steps_of(const runtime::Recording& rec, runtime::Recording::Step::Kind ki
 }
 
 TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
   Replayable c;
   auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
   plan::Plan p = round_robin(c.g, topo, 3);
@@ -596,6 +598,7 @@ TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
 }
 
 TEST(Replay, OwnInputsLeaveTheLeavesBytesAsTheyWere) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
   Replayable c;
   auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
   plan::Plan p = round_robin(c.g, topo, 2);
@@ -626,6 +629,7 @@ TEST(Replay, OwnInputsLeaveTheLeavesBytesAsTheyWere) {
 }
 
 TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
   Replayable c;
   auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
   plan::Plan p = round_robin(c.g, topo, 3);
@@ -644,6 +648,7 @@ TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
 }
 
 TEST(Replay, APartReplaysAsOneCall) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
   PartsCase pc;
   Sanitized on;
   runtime::Recording rec;
@@ -665,6 +670,7 @@ TEST(Replay, APartReplaysAsOneCall) {
 }
 
 TEST(Replay, ARunOffStreamLanesOrThatFailedIsNotReplayable) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
   Replayable c;
   auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
   plan::Plan p = round_robin(c.g, topo, 2);
