@@ -1417,6 +1417,45 @@ def test_the_index_of_a_min_or_max_over_byte_values_is_eagers_in_compiled_code(t
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def with_infinities(t, seed):
+    t = t.clone()
+    g = torch.Generator().manual_seed(seed)
+    flat = t.view(-1)
+    spots = torch.randperm(flat.numel(), generator=g)[:max(4, flat.numel() // 8)]
+    flat[spots[0::2]] = float("inf")
+    flat[spots[1::2]] = float("-inf")
+    return t
+
+
+@pytest.mark.parametrize("lanes", ["whole", "parts"])
+def test_linear_bilinear_and_bicubic_upsampling_compute_as_their_kernels_in_compiled_code(tiered, no_trial, lanes):
+    # The decompositions of linear upsampling interpolate x0 + (x1 - x0) * w:
+    # NaN where the kernel's x0 * (1 - w) + x1 * w is +-inf (difffuzz seed
+    # 3967375: an infinite x0, a finite x1, w = 0). Compiled code calls the
+    # kernels. The parts variant runs them in C++-wrapped parts on two lanes.
+    F = torch.nn.functional
+    n = 200 if lanes == "parts" else 6
+    g = torch.Generator().manual_seed(12)
+    a, b, c, d = (torch.randn(n, n, generator=g, dtype=torch.float64) for _ in range(4))
+    inf = with_infinities(torch.randn(n, n, generator=g, dtype=torch.float64), 13)
+
+    def f(a, b, c, d, inf):
+        left = F.interpolate((a @ b + inf).view(1, n, n), scale_factor=2, mode="linear")
+        right = (c @ d + inf).view(1, 1, n, n)
+        return (left * 1, F.interpolate(right, scale_factor=2, mode="bilinear") * 1,
+                F.interpolate(right.to(torch.bfloat16), size=(n + 3, n + 5), mode="bicubic", align_corners=True) * 1)
+
+    before = (torch_mgpu.lanes(), torch_mgpu.policy())
+    torch_mgpu.configure(devices=["cpu"], lanes_per_device=2 if lanes == "parts" else 1)
+    try:
+        tiers = run_hot(f, [a, b, c, d, inf], atol=1e-6)
+        plan = torch_mgpu.last_plan()
+    finally:
+        torch_mgpu.configure(**torch_mgpu._configuration_of(*before))
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+    assert (" parts on 2 lanes" in plan.compiled) == (lanes == "parts"), plan.compiled
+
+
 def test_a_write_that_reads_its_own_storage_through_another_view_stays_in_tier_0(tiered, no_trial):
     # copy_ from a view of the tensor it writes: eager's kernel reads
     # elements it has already written (difffuzz seed 3730403); compiled

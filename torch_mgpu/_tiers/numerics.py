@@ -441,6 +441,46 @@ def _gelu_formula(node):
     return _WholeCall(functools.partial(_eager_gelu, names), names)
 
 
+# Linear, bilinear and bicubic upsampling as their kernels compute them.
+# The linear decompositions interpolate x0 + (x1 - x0) * w, NaN where the
+# kernel's x0 * (1 - w) + x1 * w is +-inf (an infinite x0 beside a finite x1
+# with w = 0, two equal infinite taps; difffuzz seed 3967375); the bicubic
+# one rounds a bfloat16 sum between its steps (a unit of 0.0078 apart at
+# 0.08). Compiled code calls the kernel through an op of this library,
+# which no decomposition table or tracer's dispatcher opens (bilinear's
+# Python kernel at the Autograd key decomposes it in any trace).
+def _linear1d(x: torch.Tensor, output_size: list[int], align_corners: bool,
+              scales_w: float | None = None) -> torch.Tensor:
+    return torch.ops.aten.upsample_linear1d.default(x, output_size, align_corners, scales_w)
+
+
+def _bilinear2d(x: torch.Tensor, output_size: list[int], align_corners: bool,
+                scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
+    return torch.ops.aten.upsample_bilinear2d.default(x, output_size, align_corners, scales_h, scales_w)
+
+
+def _bicubic2d(x: torch.Tensor, output_size: list[int], align_corners: bool,
+               scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
+    return torch.ops.aten.upsample_bicubic2d.default(x, output_size, align_corners, scales_h, scales_w)
+
+
+_KERNEL_CALLS = {}
+for _name, _fn in (("upsample_linear1d", _linear1d), ("upsample_bilinear2d", _bilinear2d),
+                   ("upsample_bicubic2d", _bicubic2d)):
+    _KERNEL_CALLS[f"aten::{_name}"] = torch.library.custom_op(f"torch_mgpu::{_name}", _fn, mutates_args=())
+    _KERNEL_CALLS[f"aten::{_name}"].register_fake(_fn)
+
+
+def _kernel_formula(node):
+    """For linear, bilinear and bicubic upsampling (not their out=
+    variants): the kernel's call (_KERNEL_CALLS)."""
+    names = [a.name for a in node["args"]]
+    fn = _KERNEL_CALLS.get(node["op"])
+    if fn is None or node["overload"] != "" or "out" in names:
+        return None
+    return _WholeCall(fn, names)
+
+
 def _eager_formula(node):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
@@ -452,7 +492,7 @@ def _eager_formula(node):
     names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
-    for find in (_batch_norm_formula, _byte_index_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
+    for find in (_kernel_formula, _batch_norm_formula, _byte_index_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
         formula = find(node)
         if formula is not None:
             return formula
