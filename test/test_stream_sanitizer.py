@@ -396,14 +396,17 @@ def test_a_dropped_event_between_compiled_parts_is_reported(compiled_parts):
 
 @pytest.fixture
 def replaying():
-    """Replay of hot graphs on (after 2 syncs), one graph per sync."""
-    hits = C._replay_hits()
+    """Replay of hot graphs on (after 2 syncs), one graph per sync, with
+    no trial: every run after the recorded one replays."""
+    hits, trial = C._replay_hits(), C._replay_trial()
     C._set_replay_hits(2)
+    C._set_replay_trial(False)
     try:
         with async_ops(0):
             yield
     finally:
         C._set_replay_hits(hits)
+        C._set_replay_trial(trial)
 
 
 def replay_step(x, w, b):
@@ -444,6 +447,42 @@ def test_a_hot_graph_on_stream_lanes_replays_with_eager_results(sanitized, repla
     assert torch_mgpu.stats()["replay_pool_bytes"] > 0
     for got, want in kept:  # no replay wrote what an earlier one returned
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_recorded_graph_replays_on_trial_and_keeps_the_faster_way(sanitized, replaying):
+    # With the trial on, replay and the run without it (tier 0 here) take
+    # turns after the recording, 3 timed runs each; then the faster stays
+    # (which one follows this machine's speed: both outcomes are checked
+    # for what holds either way, C++'s Replay.ItsTrial... pins each).
+    C._set_replay_trial(True)
+    streams(["cpu"], 3)
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(20, 20, generator=gen)
+    b_cpu = torch.randn(20, generator=gen)
+    b = b_cpu.to("mgpu")
+    rejected = torch_mgpu.stats()["replay_rejected"]
+    plans = []
+    for step in range(14):
+        x = torch.randn(20, 20, generator=gen)
+        want = replay_step(x, w, b_cpu)
+        got = replay_step(x.to("mgpu"), w.to("mgpu"), b)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g.cpu(), e)
+        plan = torch_mgpu.last_plan()
+        plans.append((plan.tier, plan.replay))
+    tiers = [t for t, _ in plans]
+    assert tiers[:3] == [0, 0, 0] and plans[2][1].startswith("recorded for replay"), plans
+    on_trial = plans[3:10]
+    assert sum(t == 2 for t, _ in on_trial) == 4, plans  # replay's cold run and 3 timed
+    assert all("on trial" in r for t, r in on_trial if t == 0), plans
+    kept = "kept after its trial" in plans[-1][1]
+    if kept:
+        assert tiers[10:] == [2] * 4, plans
+        assert torch_mgpu.stats()["replay_rejected"] == rejected
+    else:
+        assert tiers[10:] == [0] * 4, plans
+        assert "slower than its run without replay in its trial" in plans[-1][1], plans
+        assert torch_mgpu.stats()["replay_rejected"] == rejected + 1
 
 
 def test_what_cannot_be_replayed_says_why_and_runs_as_before(sanitized, replaying):

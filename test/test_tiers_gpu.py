@@ -59,15 +59,19 @@ def test_a_device_argument_compiles_for_the_gpu(tiered, no_trial):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
 def test_a_hot_graph_on_the_streams_of_a_gpu_replays_with_eager_results():
-    # Replay on CUDA stream lanes (the recorded steps issued again; the
-    # same code test_stream_sanitizer checks on CPU stream lanes): eager's
-    # values, an in-place write into an input, earlier results kept.
+    # Replay on CUDA stream lanes: the recording captured once as a CUDA
+    # graph over the lanes' streams (issued in the order
+    # Replay.IssuedFromOneThread... checks on CPU stream lanes), then
+    # launched: eager's values, an in-place write into an input, earlier
+    # results kept.
     from test_stream_sanitizer import replay_step
     before = (torch_mgpu.lanes(), torch_mgpu.policy())
     hits, compile_hits, saved_async = (torch_mgpu._C._replay_hits(), torch_mgpu._C._tier_compile_hits(),
                                        torch_mgpu.async_ops())
     torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=3, compile=0)
+    trial = torch_mgpu._C._replay_trial()
     torch_mgpu._C._set_replay_hits(2)
+    torch_mgpu._C._set_replay_trial(False)
     torch_mgpu.set_async_ops(0)
     try:
         gen = torch.Generator().manual_seed(4)
@@ -84,10 +88,14 @@ def test_a_hot_graph_on_the_streams_of_a_gpu_replays_with_eager_results():
             tiers.append(torch_mgpu.last_plan().tier)
             kept.append((got[0], want[0].clone()))
         assert tiers == [0, 0, 0, 2, 2, 2], (tiers, torch_mgpu.last_plan().replay)
+        # One launch of the CUDA graph captured from the recording.
+        assert "as one CUDA graph" in torch_mgpu.last_plan().replay, torch_mgpu.last_plan().replay
+        assert torch_mgpu.stats()["replay_captures"] >= 1
         for g, e in kept:
             torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
         print("replay on CUDA lanes:", torch_mgpu.last_plan().replay)
     finally:
         torch_mgpu._C._set_replay_hits(hits)
+        torch_mgpu._C._set_replay_trial(trial)
         torch_mgpu.set_async_ops(saved_async)
         torch_mgpu.configure(**torch_mgpu._configuration_of(*before), compile=compile_hits)

@@ -5,6 +5,7 @@
 #include "engine/tier1.h"
 #include "ir/errors.h"
 #include "ir/lru.h"
+#include "ir/trial.h"
 #include "runtime/replay.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -17,6 +18,8 @@ namespace torch_mgpu::engine {
 
 namespace {
 
+constexpr size_t kTrialRuns = 3;  // timed runs of each way that decide
+
 struct Entry {
   int hits = 0;
   std::string blocked;  // why it is never replayed
@@ -25,6 +28,13 @@ struct Entry {
   std::vector<std::pair<int, int>> output_at;    // per rec->outputs: (node, output) in the graph
   size_t leaves = 0;                             // the graph's leaves
   bool busy = false;                             // a run is replaying or recording it
+  std::shared_ptr<runtime::Captured> captured;   // its CUDA graph, once captured
+  std::string not_captured;                      // why its capture failed ("" if it did not)
+  // The trial of replay (way 1) against the run without it (way 0), once
+  // recorded; `decided` once it chose (a rejection blocks the entry).
+  ir::Trial times{2, kTrialRuns, ir::margin::kReplay};
+  bool decided = false;
+  std::string verdict;  // the trial's times, once decided
 };
 
 struct Replays {
@@ -40,8 +50,16 @@ std::atomic<int>& hits_needed() {
   static std::atomic<int> n{0};
   return n;
 }
+std::atomic<bool>& trial_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
 
 void forget(Entry& e) {
+  e.times = ir::Trial(2, kTrialRuns, ir::margin::kReplay);
+  e.decided = false;
+  e.captured.reset();
+  e.not_captured.clear();
   if (!e.rec) return;
   runtime::counters().replay_pool_bytes -= static_cast<int64_t>(e.rec->pool_bytes());
   runtime::counters().replay_recordings -= 1;
@@ -158,6 +176,9 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   for (auto& out : rec->outputs) out.first = ir::Value();
   for (const auto& lane : rec->lanes) run.steps += lane.size();
   e.rec = rec;
+  e.times = ir::Trial(2, kTrialRuns, ir::margin::kReplay);
+  e.times.baseline_warm();  // hot: it has run without replay before
+  e.decided = false;
   e.input_leaf = std::move(input_leaf);
   e.output_at = std::move(output_at);
   e.leaves = nb.leaves.size();
@@ -203,6 +224,9 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
 }
 
 } // namespace
+
+bool replay_trial() { return trial_on().load(); }
+void set_replay_trial(bool on) { trial_on() = on; }
 
 int replay_hits() { return hits_needed().load(std::memory_order_relaxed); }
 void set_replay_hits(int hits) {
@@ -261,6 +285,18 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
       return std::nullopt;
     }
     if (!e->rec && ++e->hits <= need) return std::nullopt;
+    if (e->rec && !e->decided && replay_trial()) {
+      // On trial: this run's way, in turns.
+      run.key = key;
+      run.way = static_cast<int>(e->times.turn());
+      run.timed = e->times.call(static_cast<size_t>(run.way));
+      if (run.way == 0) {
+        run.note = "on trial against its run without replay";
+        return std::nullopt;
+      }
+    } else if (e->decided) {
+      run.note = e->verdict;
+    }
     e->busy = true;  // kept in the registry (Lru's keep) until done
   }
   struct Done {
@@ -293,7 +329,21 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
       e->hits = 0;
       return std::nullopt;
     }
-    runtime::replay(*e->rec);
+    if (!e->captured && e->not_captured.empty() && runtime::can_capture(*e->rec)) {
+      try {
+        e->captured = runtime::capture(*e->rec);
+        runtime::counters().replay_captures += 1;
+      } catch (const std::exception& ex) {
+        // Nothing ran: its steps are issued again instead.
+        e->not_captured = ir::message_of(ex);
+      }
+    }
+    if (e->captured) {
+      runtime::launch(*e->captured);
+      run.captured = true;
+    } else {
+      runtime::replay(*e->rec);
+    }
   } catch (const std::exception& ex) {
     std::lock_guard<std::mutex> lock(r.m);
     forget(*e);
@@ -310,9 +360,32 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
   bind_roots(res, e->output_at, e->rec->outputs);
   res.makespan = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& lane : e->rec->lanes) run.steps += lane.size();
+  if (!e->not_captured.empty()) run.note = "not captured as a CUDA graph: " + e->not_captured;
   run.replayed = true;
   runtime::counters().replay_runs += 1;
   return res;
+}
+
+void observe_replay(const ReplayRun& run, double seconds) {
+  if (run.way < 0 || !run.timed) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  Entry* e = r.entries.peek(run.key);
+  if (!e || !e->rec || e->decided) return;  // dropped, recorded again, or decided since
+  e->times.record(static_cast<size_t>(run.way), seconds);
+  if (!e->times.all_timed()) return;
+  const double with = e->times.median_of(1), without = e->times.median_of(0);
+  auto ms = [](double s) { return std::to_string(s * 1e3).substr(0, 6) + " ms"; };
+  const std::string times = "replayed " + ms(with) + ", without replay " + ms(without) + " (medians of " +
+      std::to_string(kTrialRuns) + ")";
+  if (e->times.choose() == 1) {
+    e->decided = true;
+    e->verdict = "kept after its trial: " + times;
+    return;
+  }
+  runtime::counters().replay_rejected += 1;
+  forget(*e);
+  e->blocked = "slower than its run without replay in its trial: " + times;
 }
 
 } // namespace torch_mgpu::engine

@@ -4,11 +4,14 @@
 // constants and the same input sizes, has one run recorded, and later syncs
 // of it copy their inputs into the recording's own input bytes and replay
 // it, with no plan, no per-node dispatch, no capture of a new graph's bytes:
-// on a GPU one CUDA graph launch (not built yet: the stand-in replay issues
-// the recorded steps again, which is what CPU stream lanes run).
+// on a GPU one CUDA graph launch.
 //
-// Off by default (replay_hits() 0) until replay competes with tiers 0 and 1
-// in the trial; the stream sanitizer's tests turn it on. What cannot be
+// Off by default (replay_hits() 0) until replay has been measured on a GPU;
+// once on, a recorded graph's replays compete with the way it runs without
+// them (tier 0 or 1) in a trial (ir::Trial) and are kept only where they
+// measure faster. On a GPU a replay is one launch of a CUDA graph captured
+// from the recording (runtime::capture); elsewhere, or where the capture
+// fails, the recorded steps are issued again. What cannot be
 // replayed (runtime::replay_blocker, a node under non-default settings, a
 // run that crossed devices) is known before recording and kept with the
 // graph: it runs in tier 0 or 1, and last_plan() says why.
@@ -35,12 +38,32 @@ struct ReplayPoolLimit {
 ReplayPoolLimit replay_pool_limit();
 void set_replay_pool_limit(ReplayPoolLimit limit);
 
+// Whether a recorded graph's replays are measured against the way it runs
+// without them (tier 0 or 1, as the sync picks) before replay is kept: on
+// by default; the replay tests turn it off to replay every time.
+bool replay_trial();
+void set_replay_trial(bool on);
+
 struct ReplayRun {
   bool recorded = false;  // this run was recorded (it ran in tier 0)
   bool replayed = false;  // this run was a replay
+  bool captured = false;  // ... a launch of its CUDA graph
   std::string why;        // why the graph is not replayed ("" when it is, or not yet hot)
+  std::string note;       // how it replays (a capture that failed, the trial's verdict)
   size_t steps = 0;       // the recording's steps
+  // On trial (replay_trial()): the graph's key and the way this run is
+  // (0: without replay, 1: replayed), and whether its time counts (not a
+  // way's cold first run). The sync reports the run's seconds (observe_replay).
+  uint64_t key = 0;
+  int way = -1;
+  bool timed = false;
 };
+
+// A run on trial took `seconds` (planning and running it). Once both ways
+// have their timed runs, replay is kept where its median is
+// ir::margin::kReplay times faster, else its recording is dropped and the
+// graph runs without it, saying so.
+void observe_replay(const ReplayRun& run, double seconds);
 
 // Runs `g` by replaying its recording where it has one (the results bound
 // as tier 0 leaves them: the roots in fresh bytes of their own), or records

@@ -117,15 +117,19 @@ void Execution::run() {
   }
   ran = true;
   auto t3 = clock::now();
+  observe_replay(replay, std::chrono::duration<double>(t3 - t1).count());
   try {
     if (!replay.replayed)  // a replay is neither tier's run
       observe_tier(g, *lanes, tier, std::chrono::duration<double>(t3 - t2).count(),
                    static_cast<bool>(result.first_error));
     auto rec = engine::describe(g, *plan, &result);
     record = rec;
-    rec->replay = replay.replayed ? "replayed its recording (" + std::to_string(replay.steps) + " steps)"
+    rec->replay = replay.replayed ? std::string("replayed its recording") + (replay.captured ? " as one CUDA graph" : "") +
+            " (" + std::to_string(replay.steps) + " steps)"
         : replay.recorded         ? "recorded for replay (" + std::to_string(replay.steps) + " steps)"
-                                  : replay.why.empty() ? "" : "not replayed: " + replay.why;
+        : !replay.why.empty()     ? "not replayed: " + replay.why
+                                  : "";
+    if (!replay.note.empty()) rec->replay += (rec->replay.empty() ? "" : "; ") + replay.note;
     if (replay.replayed) {
       rec->tier = 2;
     } else if (tier.compiled) {

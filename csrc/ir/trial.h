@@ -2,7 +2,8 @@
 // A measured choice between ways of running the same work, the one rule
 // of every such choice: tier 1's compiled ways against tier 0
 // (engine/tiers.cpp), a plan over other ranks' lanes against one lane
-// (engine/plan_cache.cpp), and the compile backend's partitions against
+// (engine/plan_cache.cpp), a hot graph's replay against its run without it
+// (engine/replays.cpp), and the compile backend's partitions against
 // the whole graph (torch_mgpu/compile.py, through _C). Way 0 is the
 // baseline, kept unless a challenger's median measures `margin` times
 // faster. The ways take turns: the challenger called least (ties: the
@@ -21,6 +22,7 @@ namespace margin {
 constexpr double kCompiled = 1.05;    // tier 1's compiled code against tier 0
 constexpr double kPartitions = 1.05;  // the compile backend's partitions against the whole graph
 constexpr double kOneLane = 1.0;      // one lane against a plan over other ranks' lanes: the faster
+constexpr double kReplay = 1.05;      // a hot graph's replay against its run without it (tier 0 or 1)
 } // namespace margin
 
 // The median of `v` (the upper one of an even count); 0 for none.

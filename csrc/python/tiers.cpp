@@ -119,6 +119,10 @@ void bind_tiers(py::module& m) {
   // Replay of hot graphs on stream lanes (engine/replays.h): off (0) by default.
   m.def("_replay_hits", &engine::replay_hits);
   m.def("_set_replay_hits", &engine::set_replay_hits);
+  // Replays measured against the run without them before they are kept
+  // (on by default; the replay tests turn it off to replay every time).
+  m.def("_replay_trial", &engine::replay_trial);
+  m.def("_set_replay_trial", &engine::set_replay_trial);
   m.def("_replay_pool_limit", [] {
     const auto l = engine::replay_pool_limit();
     return std::make_pair(l.bytes, l.recordings);

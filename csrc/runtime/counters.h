@@ -55,7 +55,10 @@ namespace torch_mgpu::runtime {
   X(replay_recordings)                                                                                      \
   X(replay_pool_bytes)                                                                                      \
   X(replay_dropped)                                                                                         \
-  X(replay_evicted)
+  X(replay_evicted)                                                                                         \
+  /* recordings captured as CUDA graphs; graphs whose replay measured slower in its trial (not replayed) */   \
+  X(replay_captures)                                                                                        \
+  X(replay_rejected)
 
 // Each counter on its own cache line: the recording thread and the lanes
 // bump different counters at once.

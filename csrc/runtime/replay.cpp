@@ -8,6 +8,14 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
+#ifdef TORCH_MGPU_USE_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -122,6 +130,44 @@ struct Issued {
   bool failed = false;
 };
 
+// Queues call `step` on the stream of `place` (current): its results, in
+// bytes of its own, copied into the bytes it wrote when recorded.
+void issue_call(const Recording::Step& step, const Place& place) {
+  std::vector<c10::Storage> made = step.call(step.reads, place);
+  TORCH_CHECK(made.size() == step.writes.size(), "mgpu: replaying ", step.name, ": ", made.size(),
+              " results where the recording has ", step.writes.size());
+  for (size_t k = 0; k < made.size(); ++k) {
+    const c10::Storage& into = step.writes[k];
+    if (!into || !made[k] || made[k].unsafeGetStorageImpl() == into.unsafeGetStorageImpl()) continue;
+    const size_t n = std::min(into.nbytes(), made[k].nbytes());
+    if (n == 0) continue;
+    bytes_of(into, n).copy_(bytes_of(made[k], n), /*non_blocking=*/true);
+    if (place.on_stream() && observers().watches_streams())
+      observers().stream_access(place.device, step.name + " (its result into the recorded bytes)", {made[k].data()},
+                                {into.data()}, false);
+  }
+}
+
+// The stream of `place` waits for `event` (recorded, or its Record queued).
+void wait_for(const c10::Event& event, const Place& place) {
+  observers().before_event_wait();
+  if (!observers().drops_event_wait()) event.block(place.stream);
+}
+
+// The recording's events by number, each made for the device of the lane
+// that records it.
+std::vector<std::optional<c10::Event>> events_of(const Recording& r) {
+  size_t n = 0;
+  for (const auto& lane : r.lanes)
+    for (const auto& s : lane)
+      if (s.kind != Recording::Step::Kind::Call) n = std::max(n, static_cast<size_t>(s.event) + 1);
+  std::vector<std::optional<c10::Event>> events(n);
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    for (const auto& s : r.lanes[l])
+      if (s.kind == Recording::Step::Kind::Record) events[static_cast<size_t>(s.event)].emplace(r.places.at(l).device.type());
+  return events;
+}
+
 void issue_lane(const Recording& r, size_t l, Issued& is) {
   const Place& place = r.places.at(l);
   c10::StreamGuard guard(place.stream);
@@ -136,8 +182,7 @@ void issue_lane(const Recording& r, size_t l, Issued& is) {
           stopped = is.failed;
         }
         if (stopped) break;
-        observers().before_event_wait();
-        if (!observers().drops_event_wait()) is.events[static_cast<size_t>(step.event)]->block(place.stream);
+        wait_for(*is.events[static_cast<size_t>(step.event)], place);
         break;
       }
       case Recording::Step::Kind::Record: {
@@ -147,22 +192,9 @@ void issue_lane(const Recording& r, size_t l, Issued& is) {
         is.cv.notify_all();
         break;
       }
-      case Recording::Step::Kind::Call: {
-        std::vector<c10::Storage> made = step.call(step.reads, place);
-        TORCH_CHECK(made.size() == step.writes.size(), "mgpu: replaying ", step.name, ": ", made.size(),
-                    " results where the recording has ", step.writes.size());
-        for (size_t k = 0; k < made.size(); ++k) {
-          const c10::Storage& into = step.writes[k];
-          if (!into || !made[k] || made[k].unsafeGetStorageImpl() == into.unsafeGetStorageImpl()) continue;
-          const size_t n = std::min(into.nbytes(), made[k].nbytes());
-          if (n == 0) continue;
-          bytes_of(into, n).copy_(bytes_of(made[k], n), /*non_blocking=*/true);
-          if (place.on_stream() && observers().watches_streams())
-            observers().stream_access(place.device, step.name + " (its result into the recorded bytes)", {made[k].data()},
-                                      {into.data()}, false);
-        }
+      case Recording::Step::Kind::Call:
+        issue_call(step, place);
         break;
-      }
     }
   }
   observers().before_stream_sync();
@@ -170,21 +202,168 @@ void issue_lane(const Recording& r, size_t l, Issued& is) {
   observers().lane_done();
 }
 
+// Queues every lane's steps from this one thread, each on its lane's
+// stream, in an order that queues an event's Record before any Wait for it
+// (a lane stops at a Wait whose event is not recorded yet, and the next
+// lane goes on): no host wait, no stream synchronized. What a CUDA graph's
+// capture needs: every call is queued (captured), none has run.
+void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& events) {
+  std::vector<size_t> next(r.lanes.size(), 0);
+  std::vector<char> recorded(events.size(), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (size_t l = 0; l < r.lanes.size(); ++l) {
+      const auto& lane = r.lanes[l];
+      if (next[l] == lane.size()) continue;
+      const Place& place = r.places.at(l);
+      c10::StreamGuard guard(place.stream);
+      for (; next[l] < lane.size(); ++next[l], progressed = true) {
+        const Recording::Step& step = lane[next[l]];
+        const auto ev = static_cast<size_t>(step.event);
+        if (step.kind == Recording::Step::Kind::Wait) {
+          if (!recorded[ev]) break;
+          wait_for(*events[ev], place);
+        } else if (step.kind == Recording::Step::Kind::Record) {
+          events[ev]->record(place.stream);
+          recorded[ev] = 1;
+        } else {
+          issue_call(step, place);
+        }
+      }
+    }
+  }
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    TORCH_CHECK(next[l] == r.lanes[l].size(), "mgpu: lane ", l, " of a recording waits for an event no lane records");
+}
+
+// Tells the stream sanitizer (when it watches) that a replay of `r` is
+// done, with the results it left.
+void report_run(const Recording& r) {
+  if (!observers().watches_streams()) return;
+  std::vector<std::pair<const void*, std::string>> results;
+  for (const auto& [v, s] : r.outputs)
+    if (s) results.emplace_back(s.data(), v.node ? "a replayed result of node " + std::to_string(v.node->id)
+                                                 : std::string("a replayed result"));
+  observers().run_done(results);
+}
+
 } // namespace
+
+void replay_from_one_thread(const Recording& r) {
+  TORCH_CHECK(r.unreplayable.empty(), "mgpu: this run cannot be replayed: ", r.unreplayable);
+  auto events = events_of(r);
+  std::exception_ptr error;
+  try {
+    issue_in_order(r, events);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Each busy lane's stream finishes what was queued on it (after an
+  // error too: its bytes may be freed once this returns).
+  for (size_t l = 0; l < r.lanes.size(); ++l) {
+    if (r.lanes[l].empty()) continue;
+    observers().before_stream_sync();
+    r.places.at(l).stream.synchronize();
+    observers().lane_done();
+  }
+  report_run(r);
+  if (error) std::rethrow_exception(error);
+}
+
+#ifdef TORCH_MGPU_USE_CUDA
+namespace {
+// The one device of the recording's busy lanes.
+c10::Device device_of(const Recording& r) {
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    if (!r.lanes[l].empty()) return r.places.at(l).device;
+  return c10::Device(c10::DeviceType::CPU);
+}
+} // namespace
+
+struct Captured {
+  at::cuda::CUDAGraph graph;
+  c10::Device device{c10::DeviceType::CUDA, 0};
+  size_t steps = 0;
+};
+
+bool can_capture(const Recording& r) {
+  return r.unreplayable.empty() && device_of(r).is_cuda();
+}
+
+std::shared_ptr<Captured> capture(const Recording& r) {
+  TORCH_CHECK(can_capture(r), "mgpu: only a replayable recording on one GPU's streams is captured");
+  auto out = std::make_shared<Captured>();
+  out->device = device_of(r);
+  c10::cuda::CUDAGuard device_guard(out->device);
+  // The capture forks from, and joins back into, a stream of its own; the
+  // lanes' streams join the capture through the fork's event.
+  const c10::cuda::CUDAStream origin = c10::cuda::getStreamFromPool(false, out->device.index());
+  std::vector<c10::Stream> lanes;
+  for (size_t l = 0; l < r.lanes.size(); ++l)
+    if (!r.lanes[l].empty() && std::find(lanes.begin(), lanes.end(), r.places.at(l).stream) == lanes.end())
+      lanes.push_back(r.places.at(l).stream);
+  c10::cuda::CUDAStreamGuard stream_guard(origin);
+  // Work queued on the streams before (the recorded run, the inputs' copies)
+  // is done: the replay and the run before it synchronize.
+  origin.synchronize();
+  // Thread-local: other threads may allocate and synchronize meanwhile; the
+  // calls of this thread are all queued on the capture's streams.
+  out->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  std::vector<c10::Event> joins;
+  try {
+    c10::Event fork(c10::DeviceType::CUDA);
+    fork.record(origin);
+    for (const auto& s : lanes)
+      if (s != c10::Stream(origin)) fork.block(s);
+    auto events = events_of(r);
+    issue_in_order(r, events);
+    for (const auto& s : lanes) {
+      if (s == c10::Stream(origin)) continue;
+      joins.emplace_back(c10::DeviceType::CUDA);
+      joins.back().record(s);
+      joins.back().block(origin);
+    }
+    out->graph.capture_end();
+  } catch (...) {
+    // Ends the capture (every stream that joined it leaves it); its error
+    // is the first one's consequence.
+    try {
+      out->graph.capture_end();
+    } catch (...) {
+    }
+    (void)cudaGetLastError();
+    throw;
+  }
+  for (const auto& lane : r.lanes) out->steps += lane.size();
+  return out;
+}
+
+void launch(const Captured& c) {
+  c10::cuda::CUDAGuard device_guard(c.device);
+  // CUDAGraph::replay launches on the current stream, which queued the
+  // inputs' copies and queues the results' copies after it.
+  const_cast<at::cuda::CUDAGraph&>(c.graph).replay();
+  c10::cuda::getCurrentCUDAStream(c.device.index()).synchronize();
+}
+#else
+struct Captured {};
+
+bool can_capture(const Recording&) { return false; }
+
+std::shared_ptr<Captured> capture(const Recording&) {
+  TORCH_CHECK(false, "mgpu: this build captures no CUDA graph (built without CUDA)");
+}
+
+void launch(const Captured&) {
+  TORCH_CHECK(false, "mgpu: this build captures no CUDA graph (built without CUDA)");
+}
+#endif
 
 void replay(const Recording& r) {
   TORCH_CHECK(r.unreplayable.empty(), "mgpu: this run cannot be replayed: ", r.unreplayable);
   Issued is;
-  size_t events = 0;
-  for (const auto& lane : r.lanes)
-    for (const auto& s : lane)
-      if (s.kind != Recording::Step::Kind::Call) events = std::max(events, static_cast<size_t>(s.event) + 1);
-  is.events.resize(events);
-  is.recorded.assign(events, 0);
-  for (size_t l = 0; l < r.lanes.size(); ++l)
-    for (const auto& s : r.lanes[l])
-      if (s.kind == Recording::Step::Kind::Record)
-        is.events[static_cast<size_t>(s.event)].emplace(r.places.at(l).device.type());
+  is.events = events_of(r);
+  is.recorded.assign(is.events.size(), 0);
   std::vector<size_t> busy;
   for (size_t l = 0; l < r.lanes.size(); ++l)
     if (!r.lanes[l].empty()) busy.push_back(l);
@@ -214,13 +393,7 @@ void replay(const Recording& r) {
   } else if (!jobs.empty()) {
     LanePool::instance().run(jobs, r.threads_per_lane);
   }
-  if (observers().watches_streams()) {
-    std::vector<std::pair<const void*, std::string>> results;
-    for (const auto& [v, s] : r.outputs)
-      if (s) results.emplace_back(s.data(), v.node ? "a replayed result of node " + std::to_string(v.node->id)
-                                                   : std::string("a replayed result"));
-    observers().run_done(results);
-  }
+  report_run(r);
   if (is.error) std::rethrow_exception(is.error);
 }
 

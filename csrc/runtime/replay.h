@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,5 +99,30 @@ ir::NodePtr call_of(const ir::Node& n);
 // Throws the first error (the recording's bytes then hold what the steps
 // before it left: the caller runs the graph anew).
 void replay(const Recording& r);
+
+// Issues recording `r` again from this one thread, as a capture issues it:
+// every lane's steps queued on its stream, a lane stopping at a Wait whose
+// event is not queued yet while the next goes on; no host wait between
+// them. Then every stream finishes. On CPU stream lanes under the stream
+// sanitizer, the proof of the order a CUDA graph captures.
+void replay_from_one_thread(const Recording& r);
+
+// A recording captured as one CUDA graph over its lanes' streams: forked
+// from a stream of the capture's own and joined back into it with events,
+// every call queued once from one thread (none runs while captured), its
+// temporaries in the graph's private memory pool. Its launch computes what
+// replay() computes, over the same recorded bytes.
+struct Captured;
+
+// Whether `r` can be captured: replayable, on one GPU's streams, in a CUDA
+// build.
+bool can_capture(const Recording& r);
+// Captures `r`; throws where the capture fails (a call that synchronizes, or
+// that the graph cannot hold), every stream out of capture again and
+// nothing run.
+std::shared_ptr<Captured> capture(const Recording& r);
+// Launches the graph on its device's current stream (after the inputs'
+// copies queued there) and waits for it.
+void launch(const Captured& c);
 
 } // namespace torch_mgpu::runtime

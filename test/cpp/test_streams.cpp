@@ -4,8 +4,10 @@
 // when called), so results must equal eager's; the log must show the device
 // ordering a real stream backend (CUDA) would need.
 #include "capture/lazy_tensor.h"
+#include "engine/replays.h"
 #include "ir/graph.h"
 #include "plan/plan.h"
+#include "runtime/counters.h"
 #include "runtime/executor.h"
 #include "runtime/faults.h"
 #include "runtime/replay.h"
@@ -18,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -645,6 +648,110 @@ TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
   ASSERT_FALSE(races.empty());
   EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
   EXPECT_NE(races[0].find("read by node"), std::string::npos) << races[0];
+}
+
+// The order a CUDA graph's capture issues a recording in: every lane's
+// steps from one thread, a lane stopping at a Wait whose Record is not
+// queued yet. Over new inputs: eager's values, and no race.
+TEST(Replay, IssuedFromOneThreadInTheCapturesOrderReplaysWithNoRace) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 3);
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  ASSERT_GT(steps_of(rec, runtime::Recording::Step::Kind::Wait), 0u);
+  EXPECT_FALSE(runtime::can_capture(rec));  // CPU streams: no CUDA graph
+  for (int round = 0; round < 3; ++round) {
+    auto fresh = c.set_inputs(rec);
+    const int64_t before = runtime::stream_sanitizer_accesses();
+    runtime::replay_from_one_thread(rec);
+    EXPECT_GE(runtime::stream_sanitizer_accesses() - before, static_cast<int64_t>(c.g.size()));
+    EXPECT_TRUE(torch::allclose(c.result(rec), Replayable::eager(fresh))) << round;
+  }
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
+  // ... and its waits are what orders the lanes: one dropped is a race.
+  runtime::inject_fault("drop_event_wait", 1);
+  runtime::replay_from_one_thread(rec);
+  runtime::inject_fault("drop_event_wait", 0);
+  races = runtime::take_stream_sanitizer_races();
+  ASSERT_FALSE(races.empty());
+  EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
+}
+
+// A recording whose lane waits for an event no lane records cannot be
+// issued in any order: an error, not a hang, and every stream finishes.
+TEST(Replay, ALaneWaitingForAnEventNoLaneRecordsIsAnError) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
+  Replayable c;
+  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+  plan::Plan p = round_robin(c.g, topo, 3);
+  Sanitized on;
+  runtime::Recording rec;
+  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
+  ASSERT_FALSE(r.first_error);
+  for (auto& lane : rec.lanes)
+    lane.erase(std::remove_if(lane.begin(), lane.end(),
+                              [](const auto& s) { return s.kind == runtime::Recording::Step::Kind::Record; }),
+               lane.end());
+  try {
+    runtime::replay_from_one_thread(rec);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("waits for an event no lane records"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+// The trial of a recorded graph's replay against its run without it
+// (engine/replays.h), with the seconds each way took given: replay is kept
+// where it measures faster, and dropped, saying why, where it does not.
+TEST(Replay, ItsTrialKeepsReplayOnlyWhereItMeasuresFaster) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
+  const int hits = engine::replay_hits();
+  const bool trial = engine::replay_trial();
+  engine::set_replay_hits(1);
+  engine::set_replay_trial(true);
+  for (const bool faster : {true, false}) {
+    engine::clear_replays();
+    Replayable c;
+    auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
+    plan::Plan p = round_robin(c.g, topo, 3);
+    Sanitized on;
+    engine::Lanes lanes{topo, stream_places(3), "round_robin"};
+    const int64_t rejected = runtime::counters().replay_rejected.load();
+    std::vector<int> ways;  // -1: counted or recorded, else the trial's way
+    std::string last;
+    for (int run_no = 0; run_no < 16; ++run_no) {
+      engine::ReplayRun run;
+      auto res = engine::run_replay(c.g, lanes, p, run);
+      ways.push_back(run.way);
+      last = run.why + "|" + run.note;
+      if (run.way >= 0) engine::observe_replay(run, run.way == 1 ? (faster ? 1e-3 : 3e-3) : 2e-3);
+      if (run.replayed) EXPECT_TRUE(res.has_value());
+    }
+    // Counted, recorded, then both ways in turns (replay's first run cold)
+    // until each has 3 timed runs: 7 runs on trial.
+    ASSERT_EQ(std::vector<int>(ways.begin(), ways.begin() + 2), (std::vector<int>{-1, -1}));
+    EXPECT_EQ(std::count(ways.begin() + 2, ways.begin() + 9, 1), 4) << faster;
+    EXPECT_EQ(std::count(ways.begin() + 2, ways.begin() + 9, 0), 3) << faster;
+    EXPECT_EQ(std::count(ways.begin() + 9, ways.end(), 0), 0) << faster;
+    if (faster) {
+      EXPECT_NE(last.find("kept after its trial: replayed 1.0"), std::string::npos) << last;
+      EXPECT_EQ(runtime::counters().replay_rejected.load(), rejected);
+    } else {
+      EXPECT_NE(last.find("slower than its run without replay in its trial: replayed 3.0"), std::string::npos) << last;
+      EXPECT_EQ(runtime::counters().replay_rejected.load(), rejected + 1);
+    }
+  }
+  engine::clear_replays();
+  engine::set_replay_hits(hits);
+  engine::set_replay_trial(trial);
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
 }
 
 TEST(Replay, APartReplaysAsOneCall) {
