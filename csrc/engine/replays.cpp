@@ -329,18 +329,21 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
       e->hits = 0;
       return std::nullopt;
     }
-    if (!e->captured && e->not_captured.empty() && runtime::can_capture(*e->rec)) {
-      try {
-        e->captured = runtime::capture(*e->rec);
-        runtime::counters().replay_captures += 1;
-      } catch (const std::exception& ex) {
-        // Nothing ran: its steps are issued again instead.
-        e->not_captured = ir::message_of(ex);
-      }
-    }
     if (e->captured) {
       runtime::launch(*e->captured);
       run.captured = true;
+    } else if (e->not_captured.empty() && runtime::can_capture(*e->rec)) {
+      // This run's results, issued from this thread as its capture issues
+      // them (the thread's library handles and workspaces are made here,
+      // not inside the graph); then the capture, in which nothing runs.
+      runtime::replay_from_one_thread(*e->rec);
+      try {
+        e->captured = runtime::capture(*e->rec);
+        runtime::counters().replay_captures += 1;
+        run.note = "captured as one CUDA graph for its next replays";
+      } catch (const std::exception& ex) {
+        e->not_captured = ir::message_of(ex);  // its steps are issued again instead
+      }
     } else {
       runtime::replay(*e->rec);
     }

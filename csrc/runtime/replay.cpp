@@ -10,9 +10,14 @@
 
 #ifdef TORCH_MGPU_USE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <torch/version.h>
+
+#include <map>
 #endif
 
 #include <algorithm>
@@ -286,50 +291,86 @@ struct Captured {
   size_t steps = 0;
 };
 
+namespace {
+// Streams only captures use, per device and lane, made on first use and
+// never destroyed: a lane's own stream comes from PyTorch's pool, which
+// hands the same streams to anyone (another thread's work queued on one
+// while it is captured would land in the graph, or end the capture). A
+// graph does not depend on the streams it was captured on. One capture at
+// a time (capture_mutex) uses them.
+std::mutex& capture_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+c10::Stream capture_stream(c10::Device device, size_t k) {
+  static auto* streams = new std::map<std::pair<int, size_t>, cudaStream_t>();  // under capture_mutex
+  auto& s = (*streams)[{device.index(), k}];
+  if (!s) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return c10::cuda::getStreamFromExternal(s, device.index());
+}
+} // namespace
+
 bool can_capture(const Recording& r) {
   return r.unreplayable.empty() && device_of(r).is_cuda();
 }
 
 std::shared_ptr<Captured> capture(const Recording& r) {
   TORCH_CHECK(can_capture(r), "mgpu: only a replayable recording on one GPU's streams is captured");
+  std::lock_guard<std::mutex> one_at_a_time(capture_mutex());
   auto out = std::make_shared<Captured>();
   out->device = device_of(r);
   c10::cuda::CUDAGuard device_guard(out->device);
-  // The capture forks from, and joins back into, a stream of its own; the
-  // lanes' streams join the capture through the fork's event.
-  const c10::cuda::CUDAStream origin = c10::cuda::getStreamFromPool(false, out->device.index());
-  std::vector<c10::Stream> lanes;
-  for (size_t l = 0; l < r.lanes.size(); ++l)
-    if (!r.lanes[l].empty() && std::find(lanes.begin(), lanes.end(), r.places.at(l).stream) == lanes.end())
-      lanes.push_back(r.places.at(l).stream);
+  // The recording issued on streams of the capture's own: lane l's on
+  // stream l + 1, forked from stream 0 (the capturing one) and joined back
+  // into it with events.
+  Recording on = r;
+  for (size_t l = 0; l < on.places.size(); ++l)
+    if (!on.lanes[l].empty()) on.places[l].stream = capture_stream(out->device, l + 1);
+  const c10::cuda::CUDAStream origin(capture_stream(out->device, 0));
   c10::cuda::CUDAStreamGuard stream_guard(origin);
-  // Work queued on the streams before (the recorded run, the inputs' copies)
-  // is done: the replay and the run before it synchronize.
-  origin.synchronize();
   // Thread-local: other threads may allocate and synchronize meanwhile; the
-  // calls of this thread are all queued on the capture's streams.
-  out->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  // calls of this thread are all queued on the capture's streams. A pool
+  // of its own, named here: a failed capture must name it (below).
+  const auto pool = at::cuda::graph_pool_handle();
+  out->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+  // Ends the capture (every stream that joined it leaves it), throwing its
+  // error.
+  auto end_capture = [&] {
+    try {
+      out->graph.capture_end();
+    } catch (...) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14
+      // Before 2.14 a capture_end that fails leaves the allocator routing
+      // this capture's allocations to its pool, through a filter that reads
+      // the graph this function is about to destroy.
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(out->device.index(), pool);
+#endif
+      throw;
+    }
+  };
+  bool ending = false;
   std::vector<c10::Event> joins;
   try {
     c10::Event fork(c10::DeviceType::CUDA);
     fork.record(origin);
-    for (const auto& s : lanes)
-      if (s != c10::Stream(origin)) fork.block(s);
-    auto events = events_of(r);
-    issue_in_order(r, events);
-    for (const auto& s : lanes) {
-      if (s == c10::Stream(origin)) continue;
+    for (size_t l = 0; l < on.lanes.size(); ++l)
+      if (!on.lanes[l].empty()) fork.block(on.places[l].stream);
+    auto events = events_of(on);
+    issue_in_order(on, events);
+    for (size_t l = 0; l < on.lanes.size(); ++l) {
+      if (on.lanes[l].empty()) continue;
       joins.emplace_back(c10::DeviceType::CUDA);
-      joins.back().record(s);
+      joins.back().record(on.places[l].stream);
       joins.back().block(origin);
     }
-    out->graph.capture_end();
+    ending = true;
+    end_capture();
   } catch (...) {
-    // Ends the capture (every stream that joined it leaves it); its error
-    // is the first one's consequence.
-    try {
-      out->graph.capture_end();
-    } catch (...) {
+    if (!ending) {
+      try {
+        end_capture();  // its error is the first one's consequence
+      } catch (...) {
+      }
     }
     (void)cudaGetLastError();
     throw;
