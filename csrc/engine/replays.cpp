@@ -86,19 +86,11 @@ void trim(Replays& r, const Entry* keep) {
   }
 }
 
-at::Tensor flat_bytes(const c10::Storage& s, size_t n) {
-  ir::TensorGeometry g;
-  g.dtype = c10::ScalarType::Byte;
-  g.sizes = {static_cast<int64_t>(n)};
-  g.strides = {1};
-  return runtime::view(s, g);
-}
-
 // A copy of `s` in bytes of its own, on its device (queued on this
 // thread's stream there: wait_for_copies).
 c10::Storage copy_of(const c10::Storage& s) {
   c10::Storage out = runtime::allocate(s.nbytes(), s.device());
-  if (s.nbytes()) flat_bytes(out, s.nbytes()).copy_(flat_bytes(s, s.nbytes()));
+  if (s.nbytes()) runtime::byte_view(out, s.nbytes()).copy_(runtime::byte_view(s, s.nbytes()));
   return out;
 }
 
@@ -216,7 +208,7 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
       return false;
     }
     if (from.nbytes() < into.nbytes()) return false;
-    if (into.nbytes()) flat_bytes(into, into.nbytes()).copy_(flat_bytes(from, into.nbytes()));
+    if (into.nbytes()) runtime::byte_view(into, into.nbytes()).copy_(runtime::byte_view(from, into.nbytes()));
   }
   // The lanes' streams start after the copies.
   if (!e.rec->inputs.empty()) wait_for_copies(e.rec->inputs[0].second.device());

@@ -69,6 +69,14 @@ at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom) {
   return ir::make_view(storage, key, geom);
 }
 
+at::Tensor byte_view(const c10::Storage& storage, size_t nbytes) {
+  ir::TensorGeometry flat;
+  flat.dtype = c10::ScalarType::Byte;
+  flat.sizes = {static_cast<int64_t>(nbytes)};
+  flat.strides = {1};
+  return view(storage, flat);
+}
+
 c10::Storage placeholder(size_t nbytes) {
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                            c10::DataPtr(nullptr, c10::Device(c10::kMeta)), nullptr,
@@ -83,16 +91,6 @@ c10::Storage allocate(size_t nbytes, c10::Device device) {
       c10::StorageImpl::use_byte_size_t(), nbytes, alloc->allocate(nbytes), alloc, true));
 }
 
-namespace {
-at::Tensor bytes_of(const c10::Storage& s) {
-  ir::TensorGeometry g;
-  g.dtype = c10::kByte;
-  g.sizes = {static_cast<int64_t>(s.nbytes())};
-  g.strides = {1};
-  return view(s, g);
-}
-} // namespace
-
 void zero(const c10::Storage& s) {
   if (!s.nbytes()) return;
   if (s.device().is_cpu()) {
@@ -100,7 +98,7 @@ void zero(const c10::Storage& s) {
     return;
   }
   c10::DeviceGuard guard(s.device());
-  bytes_of(s).zero_();
+  byte_view(s, s.nbytes()).zero_();
 }
 
 c10::Storage copy_to(const c10::Storage& src, c10::Device device, bool wait) {
@@ -111,7 +109,7 @@ c10::Storage copy_to(const c10::Storage& src, c10::Device device, bool wait) {
     return dst;
   }
   c10::DeviceGuard guard(device.is_cpu() ? src.device() : device);
-  bytes_of(dst).copy_(bytes_of(src), /*non_blocking=*/!device.is_cpu() && !wait);
+  byte_view(dst, dst.nbytes()).copy_(byte_view(src, src.nbytes()), /*non_blocking=*/!device.is_cpu() && !wait);
   return dst;
 }
 

@@ -68,6 +68,9 @@ std::vector<Place> make_places(const plan::Topology& t);
 
 // A tensor over `storage` with `geom`, on the storage's device.
 at::Tensor view(const c10::Storage& storage, const ir::TensorGeometry& geom);
+// The first `nbytes` bytes of `storage` as a flat tensor of bytes, on its
+// device.
+at::Tensor byte_view(const c10::Storage& storage, size_t nbytes);
 // A storage of `nbytes` whose bytes are nowhere yet (on the meta device):
 // a value kept on another rank, an allocation not made yet.
 c10::Storage placeholder(size_t nbytes);

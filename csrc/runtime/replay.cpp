@@ -115,15 +115,6 @@ void Recording::own_inputs() {
 
 namespace {
 
-// The bytes of `s` as a flat tensor of bytes, on the storage's device.
-at::Tensor bytes_of(const c10::Storage& s, size_t n) {
-  ir::TensorGeometry flat;
-  flat.dtype = c10::ScalarType::Byte;
-  flat.sizes = {static_cast<int64_t>(n)};
-  flat.strides = {1};
-  return view(s, flat);
-}
-
 // The events of one replay, with whether each has been recorded (on the
 // host: a Wait's stream may block on it only once it was).
 struct Issued {
@@ -146,7 +137,7 @@ void issue_call(const Recording::Step& step, const Place& place) {
     if (!into || !made[k] || made[k].unsafeGetStorageImpl() == into.unsafeGetStorageImpl()) continue;
     const size_t n = std::min(into.nbytes(), made[k].nbytes());
     if (n == 0) continue;
-    bytes_of(into, n).copy_(bytes_of(made[k], n), /*non_blocking=*/true);
+    byte_view(into, n).copy_(byte_view(made[k], n), /*non_blocking=*/true);
     if (place.on_stream() && observers().watches_streams())
       observers().stream_access(place.device, step.name + " (its result into the recorded bytes)", {made[k].data()},
                                 {into.data()}, false);

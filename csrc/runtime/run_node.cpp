@@ -190,8 +190,7 @@ void keep_written_layouts(const ir::Node& n, const std::vector<at::Tensor>& writ
                          static_cast<size_t>(want.offset) * c10::elementSize(want.dtype));
     if (bytes.nbytes() < need) {
       c10::Storage grown = allocate(need, place.device);
-      if (bytes.nbytes()) view(grown, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0})
-                              .copy_(view(bytes, ir::TensorGeometry{c10::kByte, {static_cast<int64_t>(bytes.nbytes())}, {1}, 0}));
+      if (bytes.nbytes()) byte_view(grown, bytes.nbytes()).copy_(byte_view(bytes, bytes.nbytes()));
       bytes = grown;
     }
     view(bytes, want).copy_(values);
