@@ -1417,6 +1417,26 @@ def test_the_index_of_a_min_or_max_over_byte_values_is_eagers_in_compiled_code(t
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def test_a_cat_read_through_a_view_after_it_is_written_in_compiled_code(tiered, no_trial):
+    # A stack's gradient (difffuzz seed 3968789): inductor wrote the cat's
+    # inputs straight into views of its buffer, and fused a reader of that
+    # buffer (through the replay's as_strided view) into a loop before those
+    # writes: uninitialized bytes in u and r. Compiled cats are loops of
+    # their own (force_pointwise_cat).
+    x = torch.randn(3, 3, generator=torch.Generator().manual_seed(725))
+
+    def f(x):
+        y = torch.sigmoid(x.mT)
+        g = torch.empty((), device=x.device).fill_(1.0).expand(2, 3, 3) / 18
+        c = torch.cat([y, y * 2], 0).view(2, 3, 3)
+        s = g * c + c * g
+        u = s[0] + s[1] * 2
+        return torch.ops.aten.sigmoid_backward(u, y).mT, y, u
+
+    tiers = run_hot(f, [x])
+    assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
 def with_infinities(t, seed):
     t = t.clone()
     g = torch.Generator().manual_seed(seed)

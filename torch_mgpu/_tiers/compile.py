@@ -70,9 +70,13 @@ def compile_request(req):
         # Tier 0's numbers: a half or bfloat16 result is rounded to its
         # dtype between fused ops, as eager does (inductor keeps float32
         # across them, and a floor or a comparison then differs by a whole
-        # unit).
+        # unit). A cat is a loop of its own, not its inputs' producers
+        # writing into views of its buffer: a reader of that buffer through
+        # the replay's as_strided view was fused into the same kernel before
+        # those writes (difffuzz seed 3968789: a stack's gradient read
+        # uninitialized bytes).
         patches = {"cpp.threads": _cpu_threads(req["lanes"]) if split else loop_threads(),
-                   "emulate_precision_casts": True}
+                   "emulate_precision_casts": True, "force_pointwise_cat": True}
         if split and device.type == "cpu":
             # A host part's loops run in the wrapper: the C++ one lets go
             # of the GIL. A CUDA part's Python wrapper only queues kernels
