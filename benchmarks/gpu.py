@@ -1,6 +1,7 @@
 """The GPU benchmarks (run by `bash scripts/dev.sh gpu` on a machine with CUDA):
-eager CUDA, torch.compile (inductor) and mgpu with 1, 2 and 4 streams per
-GPU, measured in one round-robin per case, with the planner's predicted
+eager CUDA, torch.compile (inductor, and its CUDA graphs: reduce-overhead)
+and mgpu with 1, 2 and 4 streams per GPU, without and with replay (CUDA
+graphs over the streams), measured in one round-robin per case, with the planner's predicted
 makespan beside the measured one. Writes benchmarks/RESULTS-gpu.md.
 
     python benchmarks/gpu.py                # on a CUDA machine
@@ -89,7 +90,7 @@ def physical_devices(device):
     return ["cpu"]
 
 
-def run_case(case, device, streams, with_compile):
+def run_case(case, device, streams, with_compile, quick=False):
     phys_in = case.make(device)
     ref = case.fn(*case.make("cpu"))
     variants = {"eager": (lambda: (case.fn(*phys_in), sync(device)), nothing)}
@@ -97,36 +98,64 @@ def run_case(case, device, streams, with_compile):
         compiled = torch.compile(case.fn)
         compiled(*phys_in)
         variants["compile"] = (lambda: (compiled(*phys_in), sync(device)), nothing)
+        if device == "cuda" and not quick:
+            # Inductor's CUDA graphs (one stream): a result is overwritten
+            # by the next call, which nobody here reads. Not in --quick (a
+            # compile more per case, in a lent machine's 10-minute call).
+            reduced = torch.compile(case.fn, mode="reduce-overhead")
+            reduced(*phys_in)
+            variants["reduce-overhead"] = (lambda: (reduced(*phys_in), sync(device)), nothing)
     mg_in = case.make("mgpu")
-    plans = {}
+    plans, replays = {}, {}
     for s in streams:
-        def configure(s=s):
-            torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
+        for replay in (False, True):
+            def configure(s=s, replay=replay):
+                torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
+                # Replay of the hot graph after 2 syncs, every run (no
+                # trial): on a GPU's streams a CUDA graph launch.
+                torch_mgpu._C._set_replay_hits(2 if replay else 0)
+                torch_mgpu._C._set_replay_trial(False)
 
-        def run_mgpu(s=s):
-            out = case.fn(*mg_in)  # kept: a result nobody holds is never computed
-            torch_mgpu.synchronize()
-            del out
-            p = torch_mgpu.last_plan()
-            plans.setdefault(s, []).append((p.predicted_makespan, p.measured_makespan, p.lanes_used))
-        variants[f"mgpu x{s}"] = (run_mgpu, configure)
+            def run_mgpu(s=s, replay=replay):
+                out = case.fn(*mg_in)  # kept: a result nobody holds is never computed
+                torch_mgpu.synchronize()
+                del out
+                p = torch_mgpu.last_plan()
+                if replay:
+                    replays[s] = p.replay or "-"
+                else:
+                    plans.setdefault(s, []).append((p.predicted_makespan, p.measured_makespan, p.lanes_used))
+            variants[f"mgpu x{s}" + (" replay" if replay else "")] = (run_mgpu, configure)
     # Eager and compiled code round-robin; each lane configuration in a block
     # of its own (configuring lanes between runs would drop their plans).
     times = measure({k: v for k, v in variants.items() if not k.startswith("mgpu")}, case.reps)
-    for name in [k for k in variants if k.startswith("mgpu")]:
-        run, configure = variants[name]
-        configure()
-        times.update(measure({name: (run, nothing)}, case.reps))
-    # Correctness of what was timed: every mgpu configuration against eager CPU.
+    hits, trial = torch_mgpu._C._replay_hits(), torch_mgpu._C._replay_trial()
+    try:
+        for name in [k for k in variants if k.startswith("mgpu")]:
+            run, configure = variants[name]
+            configure()
+            times.update(measure({name: (run, nothing)}, case.reps))
+    finally:
+        torch_mgpu._C._set_replay_hits(hits)
+        torch_mgpu._C._set_replay_trial(trial)
+    # Correctness of what was timed: every mgpu configuration (replayed
+    # too) against eager CPU.
     for s in streams:
-        torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
-        for got, want in zip(flat(case.fn(*mg_in)), flat(ref)):
-            scale = max(1.0, float(want.abs().max()))
-            torch.testing.assert_close(got.cpu(), want, rtol=2e-3, atol=2e-3 * scale)
+        for replay in (False, True):
+            variants[f"mgpu x{s}" + (" replay" if replay else "")][1]()
+            try:
+                for _ in range(4 if replay else 1):
+                    got_all = flat(case.fn(*mg_in))
+                    for got, want in zip(got_all, flat(ref)):
+                        scale = max(1.0, float(want.abs().max()))
+                        torch.testing.assert_close(got.cpu(), want, rtol=2e-3, atol=2e-3 * scale)
+            finally:
+                torch_mgpu._C._set_replay_hits(hits)
+                torch_mgpu._C._set_replay_trial(trial)
     pred = {s: statistics.median(p for p, _, _ in plans[s]) for s in streams}
     meas = {s: statistics.median(m for _, m, _ in plans[s]) for s in streams}
     lanes = {s: max(l for _, _, l in plans[s]) for s in streams}
-    return times, pred, meas, lanes
+    return times, pred, meas, lanes, replays
 
 
 def main():
@@ -142,8 +171,8 @@ def main():
     t_start = time.time()
     rows = []
     for case in cases(a.quick, device):
-        times, pred, meas, lanes = run_case(case, device, streams, not a.no_compile)
-        rows.append((case, times, pred, meas, lanes))
+        times, pred, meas, lanes, replays = run_case(case, device, streams, not a.no_compile, a.quick)
+        rows.append((case, times, pred, meas, lanes, replays))
         line = "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
         print(f"{case.workload:>14} | {case.name:<28} {line}", flush=True)
     torch_mgpu.configure(**before)
@@ -162,15 +191,24 @@ def main():
         "block of its own right after them. `mgpu xS`: mgpu with S",
         "streams (lanes) per device, inputs already on the device after the first run (a value's device copy is",
         "kept), results left on the device. `pred/meas`: the planner's predicted makespan over the measured one.",
+        "`reduce-overhead`: torch.compile with inductor's CUDA graphs (one stream; CUDA only, not in --quick).",
+        "`mgpu xS replay`: the same with replay on (the hot graph recorded after 2 syncs and replayed every run",
+        "after, no trial: on a GPU's streams one launch of a CUDA graph captured from the recording); `replay`",
+        "says how the last run replayed (or why not: host lanes are never replayed).",
         "",
     ]
-    cols = ["eager"] + (["compile"] if not a.no_compile else []) + [f"mgpu x{s}" for s in streams]
-    table = ["| workload | case | " + " | ".join(cols) + " | " + " | ".join(f"x{s} speed-up, lanes used, pred/meas" for s in streams) + " |",
-             "|" + "---|" * (2 + len(cols) + len(streams))]
-    for case, times, pred, meas, lanes in rows:
+    cols = (["eager"] + (["compile"] if not a.no_compile else []) +
+            (["reduce-overhead"] if device == "cuda" and not a.no_compile and not a.quick else []) +
+            [f"mgpu x{s}" + r for s in streams for r in ("", " replay")])
+    table = ["| workload | case | " + " | ".join(cols) + " | " +
+             " | ".join(f"x{s} speed-up, lanes used, pred/meas | x{s} replay speed-up" for s in streams) + " | replay |",
+             "|" + "---|" * (3 + len(cols) + 2 * len(streams))]
+    for case, times, pred, meas, lanes, replays in rows:
         cells = [f"{times[c] * 1e3:.3f}" if c in times else "-" for c in cols]
-        extra = [f"{times['eager'] / times[f'mgpu x{s}']:.2f}x, {lanes[s]}, {pred[s] / meas[s]:.2f}" for s in streams]
-        table.append(f"| {case.workload} | {case.name} | " + " | ".join(cells + extra) + " |")
+        extra = [f"{times['eager'] / times[f'mgpu x{s}']:.2f}x, {lanes[s]}, {pred[s] / meas[s]:.2f} | "
+                 f"{times['eager'] / times[f'mgpu x{s} replay']:.2f}x" for s in streams]
+        how = "; ".join(f"x{s}: {replays.get(s, '-')}" for s in streams)
+        table.append(f"| {case.workload} | {case.name} | " + " | ".join(cells + extra) + f" | {how} |")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(head + table) + "\n")
