@@ -18,6 +18,15 @@ from torch_mgpu.compile import partition_info
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 
+@pytest.fixture(autouse=True)
+def no_compile_in_the_background():
+    """Tier 1's compiles of earlier tests' graphs are done first: FX keeps
+    its tracing state per process (the patcher, the tracing flag), and a
+    make_fx here beside the compile thread's trace ends with the other's
+    state (the flag left set for good, every later torch.compile refused)."""
+    assert torch_mgpu.wait_for_compiles(300)
+
+
 @pytest.fixture
 def choice(request, monkeypatch):
     """How split graphs run on host tensors (compile.CHOICE), for one test."""
