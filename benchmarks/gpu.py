@@ -43,7 +43,10 @@ def d2l_case(size, products):
 
 
 def cases(quick, device):
+    # On a GPU every case but the 4000x4000 products keeps the size the
+    # goals name in --quick too (each runs in milliseconds there).
     big = device == "cuda" and not quick
+    quick = quick and device != "cuda"
     out = [d2l_case(4000 if big else 256, 50 if big else 8)]
     out += [c for c in bench_branches.cases(quick) if c.name in {"8 branches 256", "4 branches 512", "8 branches 512", "2 branches 1024"}]
     out += bench_data_parallel.cases(quick)
@@ -98,10 +101,9 @@ def run_case(case, device, streams, with_compile, quick=False):
         compiled = torch.compile(case.fn)
         compiled(*phys_in)
         variants["compile"] = (lambda: (compiled(*phys_in), sync(device)), nothing)
-        if device == "cuda" and not quick:
+        if device == "cuda":
             # Inductor's CUDA graphs (one stream): a result is overwritten
-            # by the next call, which nobody here reads. Not in --quick (a
-            # compile more per case, in a lent machine's 10-minute call).
+            # by the next call, which nobody here reads.
             reduced = torch.compile(case.fn, mode="reduce-overhead")
             reduced(*phys_in)
             variants["reduce-overhead"] = (lambda: (reduced(*phys_in), sync(device)), nothing)
@@ -170,12 +172,20 @@ def main():
     before = torch_mgpu.configuration()
     t_start = time.time()
     rows = []
-    for case in cases(a.quick, device):
+    todo = cases(a.quick, device)
+    for case in todo:
         times, pred, meas, lanes, replays = run_case(case, device, streams, not a.no_compile, a.quick)
         rows.append((case, times, pred, meas, lanes, replays))
         line = "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
         print(f"{case.workload:>14} | {case.name:<28} {line}", flush=True)
+        # Written after each case: a run cut short (a lent machine's time
+        # limit) leaves the rows it measured.
+        write(a, device, streams, rows, len(todo), t_start)
     torch_mgpu.configure(**before)
+    print(f"wrote {a.out}")
+
+
+def write(a, device, streams, rows, cases_in_all, t_start):
     if device == "cuda":
         name = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     else:
@@ -185,20 +195,21 @@ def main():
         "",
         f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}",
         f"- device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}); {platform.machine()}",
-        f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t_start:.0f} s",
+        f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t_start:.0f} s" +
+        (f" (cut short: {len(rows)} of {cases_in_all} cases)" if len(rows) < cases_in_all else ""),
         "",
         "Times in ms, medians after warm-up; eager and torch.compile timed round-robin, each mgpu configuration in a",
         "block of its own right after them. `mgpu xS`: mgpu with S",
         "streams (lanes) per device, inputs already on the device after the first run (a value's device copy is",
         "kept), results left on the device. `pred/meas`: the planner's predicted makespan over the measured one.",
-        "`reduce-overhead`: torch.compile with inductor's CUDA graphs (one stream; CUDA only, not in --quick).",
+        "`reduce-overhead`: torch.compile with inductor's CUDA graphs (one stream; CUDA only).",
         "`mgpu xS replay`: the same with replay on (the hot graph recorded after 2 syncs and replayed every run",
         "after, no trial: on a GPU's streams one launch of a CUDA graph captured from the recording); `replay`",
         "says how the last run replayed (or why not: host lanes are never replayed).",
         "",
     ]
     cols = (["eager"] + (["compile"] if not a.no_compile else []) +
-            (["reduce-overhead"] if device == "cuda" and not a.no_compile and not a.quick else []) +
+            (["reduce-overhead"] if device == "cuda" and not a.no_compile else []) +
             [f"mgpu x{s}" + r for s in streams for r in ("", " replay")])
     table = ["| workload | case | " + " | ".join(cols) + " | " +
              " | ".join(f"x{s} speed-up, lanes used, pred/meas | x{s} replay speed-up" for s in streams) + " | replay |",
@@ -212,7 +223,6 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(head + table) + "\n")
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

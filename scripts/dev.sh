@@ -7,7 +7,8 @@
 #   bash scripts/dev.sh opinfo   # the full OpInfo conformance report
 #   bash scripts/dev.sh bench [--quick]
 #   bash scripts/dev.sh cuda-compile   # compile-only check against torch 2.14.1 (CUDA 13)
-#   bash scripts/dev.sh gpu      # on a GPU machine (CUDA torch installed): CUDA build, GPU tests, benchmarks/RESULTS-gpu.md
+#   bash scripts/dev.sh gpu [--quick]  # on a GPU machine (CUDA torch installed): CUDA build, GPU tests, benchmarks/RESULTS-gpu.md
+#   bash scripts/dev.sh gpu-tests [FILE...]  # there, after `gpu --quick`: the GPU test files it left out
 #   bash scripts/dev.sh tsan     # the threaded C++ tests under ThreadSanitizer; fails on any report
 #   bash scripts/dev.sh fuzz [SECONDS]   # differential fuzzing of mgpu against eager CPU (default 3600 s)
 set -euo pipefail
@@ -189,17 +190,21 @@ cuda_compile() {
 # the extension with CUDA against that torch, in place, runs the tests over
 # the lanes' physical devices (CUDA stream lanes on every GPU, virtual devices
 # over one GPU, cross-device copies, errors on a stream, random graphs,
-# autograd, the seeds' workloads), the device-interface tests and lanes on
-# other ranks (a worker process on the same GPU: "rank1:cuda:0"), then the
-# GPU benchmarks (benchmarks/RESULTS-gpu.md), last (a lent machine's call is
-# 10 minutes: on an H100 on 2026-11-28 the build took 3.5 and the files
-# before test_remote 4.5, test_stream_sanitizer 100 s of them; --quick goes
-# to benchmarks/gpu.py). Each test file runs in a process of its own
-# (a crash ends that file only; 300 s at most), with a native stack printed on
-# a fatal signal (scripts/native_backtrace.c); logs go to build-gpu/logs.
-# TORCH_MGPU_GPU_PYTHON picks another interpreter.
-GPU_TESTS="test_physical_devices test_parallel test_streams test_events test_memory test_accelerator test_faults test_tiers_gpu
-  test_autograd test_stream_sanitizer test_gpu_model test_lazy"
+# autograd, the seeds' workloads, replay as CUDA graphs), the device-interface
+# tests and lanes on other ranks (a worker process on the same GPU:
+# "rank1:cuda:0"), then the GPU benchmarks (benchmarks/RESULTS-gpu.md, written
+# after each case). A lent machine's call is 10 minutes: on an H100 on
+# 2026-11-28 the build took 3.5 and the files before test_remote 4.5
+# (test_stream_sanitizer 100 s of them). So `gpu --quick` builds, runs the
+# replay and GPU-tier tests, the benchmarks, then a few GPU files, and
+# `gpu-tests` (TORCH_MGPU_GPU_BUILD=0: the build already there, a warm
+# machine's next call) the files it left out. Each test file runs in a
+# process of its own (a crash ends that file only; 300 s at most), with a
+# native stack printed on a fatal signal (scripts/native_backtrace.c); logs
+# go to build-gpu/logs. TORCH_MGPU_GPU_PYTHON picks another interpreter.
+GPU_TESTS="test_tiers_gpu test_streams test_physical_devices test_parallel test_events test_memory test_accelerator
+  test_faults test_autograd test_stream_sanitizer test_gpu_model test_lazy test_remote"
+GPU_QUICK_TESTS="test_tiers_gpu test_streams test_physical_devices"
 gpu_test_file() {
   local py=$1 f=$2 logs=$3 rc=0  # (set -e: a failing file must not end the run)
   LD_PRELOAD="$logs/native_backtrace.so" timeout 300 "$py" -m pytest -q -p no:cacheprovider -rfE "test/$f.py" \
@@ -211,24 +216,53 @@ gpu_test_file() {
     return 1
   fi
 }
-gpu() {
-  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f logs="$ROOT/build-gpu/logs"
+# Checks the GPU, builds (unless TORCH_MGPU_GPU_BUILD=0), prints the lanes.
+gpu_setup() {
+  local py=$1 logs=$2
   export TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONUNBUFFERED=1
   "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
     { echo "gpu: $py's torch sees no CUDA device"; exit 1; }
   "$py" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}): {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")'
   nvidia-smi -L 2>/dev/null || true
   echo "compiler: $(c++ --version | head -1)"
-  cuda_build "$py" build-gpu "$ROOT/torch_mgpu"
+  [ "${TORCH_MGPU_GPU_BUILD:-1}" = 0 ] || cuda_build "$py" build-gpu "$ROOT/torch_mgpu"
   mkdir -p "$logs"
   cc -shared -fPIC -O1 -o "$logs/native_backtrace.so" "$ROOT/scripts/native_backtrace.c" || true
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   "$py" -c 'import torch_mgpu; torch_mgpu.configure(devices=["cuda:0"]); print("lanes:", torch_mgpu.lanes())'
+}
+gpu() {
+  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f logs="$ROOT/build-gpu/logs" quick=0 a
+  for a in "$@"; do [ "$a" != --quick ] || quick=1; done
+  gpu_setup "$py" "$logs"
+  if [ $quick = 1 ]; then
+    gpu_test_file "$py" test_tiers_gpu "$logs" || status=1
+    "$py" benchmarks/gpu.py "$@" || status=1
+    for f in $GPU_QUICK_TESTS; do
+      [ "$f" = test_tiers_gpu ] || gpu_test_file "$py" "$f" "$logs" || status=1
+    done
+    echo "gpu --quick left out: $(gpu_left_out) (bash scripts/dev.sh gpu-tests)"
+  else
+    for f in $GPU_TESTS; do
+      gpu_test_file "$py" "$f" "$logs" || status=1
+    done
+    "$py" benchmarks/gpu.py "$@" || status=1
+  fi
+  return $status
+}
+gpu_left_out() {
+  local f out=()
   for f in $GPU_TESTS; do
+    [[ " $GPU_QUICK_TESTS " == *" $f "* ]] || out+=("$f")
+  done
+  echo "${out[*]}"
+}
+gpu_tests() {
+  local py=${TORCH_MGPU_GPU_PYTHON:-python3} status=0 f logs="$ROOT/build-gpu/logs"
+  gpu_setup "$py" "$logs"
+  for f in ${*:-$(gpu_left_out)}; do
     gpu_test_file "$py" "$f" "$logs" || status=1
   done
-  gpu_test_file "$py" test_remote "$logs" || status=1
-  "$py" benchmarks/gpu.py "$@" || status=1
   return $status
 }
 
@@ -253,7 +287,8 @@ case "$cmd" in
   bench) setup; "$PY" benchmarks/run.py "$@" ;;
   cuda-compile) cuda_compile ;;
   gpu) gpu "$@" ;;
+  gpu-tests) gpu_tests "$@" ;;
   tsan) setup; tsan ;;
   fuzz) setup; "$PY" test/difffuzz.py --seconds "${1:-3600}" "${@:2}" ;;
-  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|gpu|tsan|fuzz [SECONDS]}"; exit 2 ;;
+  *) echo "usage: $0 {setup|demo|test|cpp-package|opinfo|bench|cuda-compile|gpu|gpu-tests|tsan|fuzz [SECONDS]}"; exit 2 ;;
 esac

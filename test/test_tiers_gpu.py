@@ -99,3 +99,56 @@ def test_a_hot_graph_on_the_streams_of_a_gpu_replays_with_eager_results():
         torch_mgpu._C._set_replay_trial(trial)
         torch_mgpu.set_async_ops(saved_async)
         torch_mgpu.configure(**torch_mgpu._configuration_of(*before), compile=compile_hits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
+def test_a_graph_whose_capture_fails_replays_step_by_step_and_capture_goes_on():
+    # histc over its input's own range reads that range on the host (a
+    # sync, which a capture refuses): the capture fails, the graph replays
+    # step by step with the reason in last_plan(), and every stream that
+    # joined the failed capture left it (another graph then captures on
+    # the same streams and replays as one CUDA graph).
+    from test_stream_sanitizer import replay_step
+    before = torch_mgpu.configuration()
+    hits, saved_async = torch_mgpu._C._replay_hits(), torch_mgpu.async_ops()
+    trial = torch_mgpu._C._replay_trial()
+    torch_mgpu.configure(devices=["cuda:0"], lanes_per_device=3, compile=0)
+    torch_mgpu._C._set_replay_hits(2)
+    torch_mgpu._C._set_replay_trial(False)
+    torch_mgpu.set_async_ops(0)
+
+    def syncing(x, y):
+        return torch.histc(x.sin(), bins=8) + 1, (y @ y).relu(), (x * 2).cos()
+
+    try:
+        captures = torch_mgpu.stats()["replay_captures"]
+        gen = torch.Generator().manual_seed(5)
+        tiers, notes = [], []
+        for _ in range(6):
+            x, y = torch.randn(4096, generator=gen), torch.randn(128, 128, generator=gen)
+            got = syncing(x.to("mgpu"), y.to("mgpu"))
+            for g, e in zip(got, syncing(x, y)):
+                torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
+            tiers.append(torch_mgpu.last_plan().tier)
+            notes.append(torch_mgpu.last_plan().replay)
+        assert tiers == [0, 0, 0, 2, 2, 2], (tiers, notes)
+        assert "not captured as a CUDA graph" in notes[-1], notes
+        assert "as one CUDA graph" not in notes[-1], notes
+        assert torch_mgpu.stats()["replay_captures"] == captures
+        print("a capture that fails:", notes[-1])
+        w = torch.randn(128, 128, generator=gen)
+        b_cpu = torch.randn(128, generator=gen)
+        b = b_cpu.to("mgpu")
+        for _ in range(6):
+            x = torch.randn(128, 128, generator=gen)
+            want = replay_step(x, w, b_cpu)
+            for g, e in zip(replay_step(x.to("mgpu"), w.to("mgpu"), b), want):
+                torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
+        assert "as one CUDA graph" in torch_mgpu.last_plan().replay, torch_mgpu.last_plan().replay
+        assert torch_mgpu.stats()["replay_captures"] == captures + 1
+        torch.cuda.synchronize()
+    finally:
+        torch_mgpu._C._set_replay_hits(hits)
+        torch_mgpu._C._set_replay_trial(trial)
+        torch_mgpu.set_async_ops(saved_async)
+        torch_mgpu.configure(**before)

@@ -325,16 +325,16 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
       runtime::launch(*e->captured);
       run.captured = true;
     } else if (e->not_captured.empty() && runtime::can_capture(*e->rec)) {
-      // This run's results, issued from this thread as its capture issues
-      // them (the thread's library handles and workspaces are made here,
-      // not inside the graph); then the capture, in which nothing runs.
-      runtime::replay_from_one_thread(*e->rec);
-      try {
-        e->captured = runtime::capture(*e->rec);
+      // This run's results, issued on the capture's streams as the capture
+      // issues them; then the capture, in which nothing runs. Where it
+      // fails, the steps are issued again instead from the next run on.
+      std::string why_not;
+      e->captured = runtime::capture(*e->rec, why_not);
+      if (e->captured) {
         runtime::counters().replay_captures += 1;
         run.note = "captured as one CUDA graph for its next replays";
-      } catch (const std::exception& ex) {
-        e->not_captured = ir::message_of(ex);  // its steps are issued again instead
+      } else {
+        e->not_captured = why_not.empty() ? "its capture failed" : why_not;
       }
     } else {
       runtime::replay(*e->rec);

@@ -1,5 +1,6 @@
 #include "runtime/replay.h"
 
+#include "ir/errors.h"
 #include "runtime/lanes.h"
 #include "runtime/observer.h"
 #include "runtime/run_node.h"
@@ -305,7 +306,7 @@ bool can_capture(const Recording& r) {
   return r.unreplayable.empty() && device_of(r).is_cuda();
 }
 
-std::shared_ptr<Captured> capture(const Recording& r) {
+std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not) {
   TORCH_CHECK(can_capture(r), "mgpu: only a replayable recording on one GPU's streams is captured");
   std::lock_guard<std::mutex> one_at_a_time(capture_mutex());
   auto out = std::make_shared<Captured>();
@@ -317,13 +318,15 @@ std::shared_ptr<Captured> capture(const Recording& r) {
   Recording on = r;
   for (size_t l = 0; l < on.places.size(); ++l)
     if (!on.lanes[l].empty()) on.places[l].stream = capture_stream(out->device, l + 1);
+  // This run's results, on those streams (which finish it before it
+  // returns: the inputs' copies, queued before, are done too).
+  replay_from_one_thread(on);
   const c10::cuda::CUDAStream origin(capture_stream(out->device, 0));
   c10::cuda::CUDAStreamGuard stream_guard(origin);
   // Thread-local: other threads may allocate and synchronize meanwhile; the
   // calls of this thread are all queued on the capture's streams. A pool
   // of its own, named here: a failed capture must name it (below).
   const auto pool = at::cuda::graph_pool_handle();
-  out->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
   // Ends the capture (every stream that joined it leaves it), throwing its
   // error.
   auto end_capture = [&] {
@@ -339,9 +342,11 @@ std::shared_ptr<Captured> capture(const Recording& r) {
       throw;
     }
   };
-  bool ending = false;
+  bool begun = false, ending = false;
   std::vector<c10::Event> joins;
   try {
+    out->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    begun = true;
     c10::Event fork(c10::DeviceType::CUDA);
     fork.record(origin);
     for (size_t l = 0; l < on.lanes.size(); ++l)
@@ -357,14 +362,20 @@ std::shared_ptr<Captured> capture(const Recording& r) {
     ending = true;
     end_capture();
   } catch (...) {
-    if (!ending) {
+    if (begun && !ending) {
       try {
         end_capture();  // its error is the first one's consequence
       } catch (...) {
       }
     }
     (void)cudaGetLastError();
-    throw;
+    try {
+      throw;
+    } catch (const std::exception& ex) {
+      ir::rethrow_if_interrupt(ex);
+      why_not = ir::message_of(ex);
+      return nullptr;
+    }
   }
   for (const auto& lane : r.lanes) out->steps += lane.size();
   return out;
@@ -382,7 +393,7 @@ struct Captured {};
 
 bool can_capture(const Recording&) { return false; }
 
-std::shared_ptr<Captured> capture(const Recording&) {
+std::shared_ptr<Captured> capture(const Recording&, std::string&) {
   TORCH_CHECK(false, "mgpu: this build captures no CUDA graph (built without CUDA)");
 }
 

@@ -117,10 +117,15 @@ struct Captured;
 // Whether `r` can be captured: replayable, on one GPU's streams, in a CUDA
 // build.
 bool can_capture(const Recording& r);
-// Captures `r`; throws where the capture fails (a call that synchronizes, or
-// that the graph cannot hold), every stream out of capture again and
-// nothing run.
-std::shared_ptr<Captured> capture(const Recording& r);
+// Runs `r` once on the streams its capture uses, as the capture issues it
+// (replay_from_one_thread: this run's results; the thread's library handles
+// and workspaces for those streams are made here, outside any graph), then
+// captures it. Throws where that run fails (the recording's bytes then hold
+// what its steps before the error left). Where the capture fails (a call
+// that synchronizes, or that a graph cannot hold) it returns nullptr with
+// the reason in `why_not`: every stream out of capture again, nothing run
+// (the run's results stand).
+std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not);
 // Launches the graph on its device's current stream (after the inputs'
 // copies queued there) and waits for it.
 void launch(const Captured& c);
