@@ -59,12 +59,19 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure(variants, reps, warmup=3):
-    """variants: name -> (run, enter); `enter` runs untimed before each run."""
+def measure(variants, reps, warmup=3, settle=False):
+    """variants: name -> (run, enter); `enter` runs untimed before each run.
+    `settle` (mgpu): warm-up runs until the hot graph's compile (tier 1, in
+    the background) is done and its trial has chosen, as a loop's steady
+    state (benchmarks/run.py's settle_default): a compile holds the
+    interpreter while it traces, which stalls whatever is timed beside it
+    (this variant, the next case's eager)."""
     for run, enter in variants.values():
-        for _ in range(warmup):
+        for k in range(warmup + 14 if settle else warmup):
             enter()
             run()
+            if settle and k >= 1 and not torch_mgpu.wait_for_compiles(600):
+                raise RuntimeError("a background compile did not finish in 600 s")
     times = {name: [] for name in variants}
     for _ in range(reps):
         for name, (run, enter) in variants.items():
@@ -136,7 +143,7 @@ def run_case(case, device, streams, with_compile, quick=False):
         for name in [k for k in variants if k.startswith("mgpu")]:
             run, configure = variants[name]
             configure()
-            times.update(measure({name: (run, nothing)}, case.reps))
+            times.update(measure({name: (run, nothing)}, case.reps, settle=True))
     finally:
         torch_mgpu._C._set_replay_hits(hits)
         torch_mgpu._C._set_replay_trial(trial)

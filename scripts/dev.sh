@@ -207,11 +207,14 @@ GPU_TESTS="test_tiers_gpu test_streams test_physical_devices test_parallel test_
 GPU_QUICK_TESTS="test_tiers_gpu test_streams test_physical_devices"
 gpu_test_file() {
   local py=$1 f=$2 logs=$3 rc=0  # (set -e: a failing file must not end the run)
-  LD_PRELOAD="$logs/native_backtrace.so" timeout 300 "$py" -m pytest -q -p no:cacheprovider -rfE "test/$f.py" \
+  LD_PRELOAD="$logs/native_backtrace.so" timeout 300 "$py" -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 -rfE "test/$f.py" \
     > "$logs/$f.log" 2>&1 || rc=$?
   echo "$f: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/$f.log" | tail -1 || true) (exit $rc)"
   if [ $rc -ne 0 ]; then
     grep -E '^(FAILED|ERROR) ' "$logs/$f.log" | head -20 || true
+    # -v names each test as it starts; faulthandler prints every thread's
+    # stack of a test that runs past 120 s.
+    [ $rc -ne 124 ] || echo "timed out in: $(grep -E '::test' "$logs/$f.log" | tail -1)"
     grep -A24 '=== native stack' "$logs/$f.log" | c++filt | head -30 || true
     return 1
   fi

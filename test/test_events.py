@@ -195,4 +195,6 @@ def test_a_query_after_a_settings_change_runs_the_products_under_their_own(betwe
             got = q.cpu()
         finally:
             torch.set_float32_matmul_precision(prev)
-    assert torch.equal(got, a @ b * 0.5 if between == "elementwise" else a @ b)
+    # (Close on CUDA lanes, whose products are not the CPU's bit for bit;
+    # a product under "medium", TF32 there, is off by far more.)
+    assert same_values(got, a @ b * 0.5 if between == "elementwise" else a @ b)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import assert_same
+from conftest import assert_same, same_values
 
 
 def pending_after(fn):
@@ -140,7 +140,7 @@ def test_a_scale_that_changes_every_call_hits_the_metadata_cache():
             # From the third call on only 0 and 1 (classes of their own) missed.
             assert torch_mgpu.stats()["meta_cache_misses"] == misses + 10
     for g, w in zip(got, want):
-        assert torch.equal(g.cpu(), w)
+        assert same_values(g.cpu(), w)
     # In place, as an optimizer writes: every step hits once the classes were seen.
     p, pm = a.clone(), a.to("mgpu")
     for s in [1e-3, 2e-3, 3e-3, 0.0, 1.0, 4e-3]:
@@ -205,6 +205,11 @@ def test_no_memory_growth_over_many_cycles():
         for _ in range(10):
             y = torch.tanh(y @ x) + 1
         return y.sum().item()
+    for _ in range(20):
+        cycle()
+    # The hot graph's background compile (tier 1) loads the compiler once:
+    # done before the measure, whose cycles then run its compiled code.
+    torch_mgpu.wait_for_compiles()
     for _ in range(20):
         cycle()
     gc.collect()
