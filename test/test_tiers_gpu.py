@@ -102,12 +102,14 @@ def test_a_hot_graph_on_the_streams_of_a_gpu_replays_with_eager_results():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA lanes")
-def test_a_graph_whose_capture_fails_replays_step_by_step_and_capture_goes_on():
+def test_a_graph_that_syncs_replays_step_by_step_and_capture_goes_on():
     # histc over its input's own range reads that range on the host (a
-    # sync, which a capture refuses): the capture fails, the graph replays
-    # step by step with the reason in last_plan(), and every stream that
-    # joined the failed capture left it (another graph then captures on
-    # the same streams and replays as one CUDA graph).
+    # sync, which a capture refuses). Known before capture
+    # (runtime::capture_blocker): the graph replays step by step, the
+    # reason in last_plan(). With that check off the capture is tried and
+    # fails: the same, with CUDA's error; and every stream that joined the
+    # failed capture left it (another graph then captures on the same
+    # streams and replays as one CUDA graph).
     from test_stream_sanitizer import replay_step
     before = torch_mgpu.configuration()
     hits, saved_async = torch_mgpu._C._replay_hits(), torch_mgpu.async_ops()
@@ -120,22 +122,31 @@ def test_a_graph_whose_capture_fails_replays_step_by_step_and_capture_goes_on():
     def syncing(x, y):
         return torch.histc(x.sin(), bins=8) + 1, (y @ y).relu(), (x * 2).cos()
 
-    try:
-        captures = torch_mgpu.stats()["replay_captures"]
-        gen = torch.Generator().manual_seed(5)
+    def hot(n):
+        gen = torch.Generator().manual_seed(n)
         tiers, notes = [], []
         for _ in range(6):
-            x, y = torch.randn(4096, generator=gen), torch.randn(128, 128, generator=gen)
+            x, y = torch.randn(n, generator=gen), torch.randn(128, 128, generator=gen)
             got = syncing(x.to("mgpu"), y.to("mgpu"))
             for g, e in zip(got, syncing(x, y)):
                 torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3)
             tiers.append(torch_mgpu.last_plan().tier)
             notes.append(torch_mgpu.last_plan().replay)
         assert tiers == [0, 0, 0, 2, 2, 2], (tiers, notes)
-        assert "not captured as a CUDA graph" in notes[-1], notes
+        assert "not captured as a CUDA graph: " in notes[-1], notes
         assert "as one CUDA graph" not in notes[-1], notes
+        return notes[-1]
+
+    try:
+        captures = torch_mgpu.stats()["replay_captures"]
+        known = hot(4096)
+        assert "aten::histc" in known and "reads its input's range on the host (min == max)" in known, known
+        torch_mgpu._C._set_capture_checks(False)
+        failed = hot(2048)
+        assert "aten::histc" in failed and "capturing" in failed, failed
+        print("a capture that fails:", failed)
         assert torch_mgpu.stats()["replay_captures"] == captures
-        print("a capture that fails:", notes[-1])
+        gen = torch.Generator().manual_seed(6)
         w = torch.randn(128, 128, generator=gen)
         b_cpu = torch.randn(128, generator=gen)
         b = b_cpu.to("mgpu")
@@ -148,6 +159,7 @@ def test_a_graph_whose_capture_fails_replays_step_by_step_and_capture_goes_on():
         assert torch_mgpu.stats()["replay_captures"] == captures + 1
         torch.cuda.synchronize()
     finally:
+        torch_mgpu._C._set_capture_checks(True)
         torch_mgpu._C._set_replay_hits(hits)
         torch_mgpu._C._set_replay_trial(trial)
         torch_mgpu.set_async_ops(saved_async)

@@ -29,7 +29,7 @@ struct Entry {
   size_t leaves = 0;                             // the graph's leaves
   bool busy = false;                             // a run is replaying or recording it
   std::shared_ptr<runtime::Captured> captured;   // its CUDA graph, once captured
-  std::string not_captured;                      // why its capture failed ("" if it did not)
+  std::string not_captured;                      // why it is not captured (known before, or its capture failed)
   // The trial of replay (way 1) against the run without it (way 0), once
   // recorded; `decided` once it chose (a rejection blocks the entry).
   ir::Trial times{2, kTrialRuns, ir::margin::kReplay};
@@ -51,6 +51,10 @@ std::atomic<int>& hits_needed() {
   return n;
 }
 std::atomic<bool>& trial_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+std::atomic<bool>& checks_on() {
   static std::atomic<bool> on{true};
   return on;
 }
@@ -168,6 +172,9 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   for (auto& out : rec->outputs) out.first = ir::Value();
   for (const auto& lane : rec->lanes) run.steps += lane.size();
   e.rec = rec;
+  // Known before any capture: it replays step by step.
+  if (capture_checks())
+    if (auto why = runtime::capture_blocker(g, p, l.places)) e.not_captured = *why;
   e.times = ir::Trial(2, kTrialRuns, ir::margin::kReplay);
   e.times.baseline_warm();  // hot: it has run without replay before
   e.decided = false;
@@ -219,6 +226,8 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
 
 bool replay_trial() { return trial_on().load(); }
 void set_replay_trial(bool on) { trial_on() = on; }
+bool capture_checks() { return checks_on().load(); }
+void set_capture_checks(bool on) { checks_on() = on; }
 
 int replay_hits() { return hits_needed().load(std::memory_order_relaxed); }
 void set_replay_hits(int hits) {

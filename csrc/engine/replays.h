@@ -44,6 +44,12 @@ void set_replay_pool_limit(ReplayPoolLimit limit);
 bool replay_trial();
 void set_replay_trial(bool on);
 
+// Whether what keeps a recording from capture is looked for before its
+// capture (runtime::capture_blocker): on by default; a GPU test turns it
+// off to make a capture fail.
+bool capture_checks();
+void set_capture_checks(bool on);
+
 struct ReplayRun {
   bool recorded = false;  // this run was recorded (it ran in tier 0)
   bool replayed = false;  // this run was a replay

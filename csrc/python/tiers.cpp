@@ -123,6 +123,8 @@ void bind_tiers(py::module& m) {
   // (on by default; the replay tests turn it off to replay every time).
   m.def("_replay_trial", &engine::replay_trial);
   m.def("_set_replay_trial", &engine::set_replay_trial);
+  m.def("_capture_checks", &engine::capture_checks);
+  m.def("_set_capture_checks", &engine::set_capture_checks);
   m.def("_replay_pool_limit", [] {
     const auto l = engine::replay_pool_limit();
     return std::make_pair(l.bytes, l.recordings);

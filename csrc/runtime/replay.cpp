@@ -67,6 +67,59 @@ std::optional<std::string> replay_blocker(const ir::Graph& g, const plan::Plan& 
   return std::nullopt;
 }
 
+namespace {
+// Why the CUDA kernel of `n` reads a value on the host, nullopt where it
+// does not (as far as is known: a capture that fails still says why).
+std::optional<std::string> host_read_of(const ir::Node& n) {
+  // By name without the overload: linear algebra that checks its result
+  // (_linalg_check_errors, a sync on CUDA) and ops whose result's size
+  // depends on values.
+  static const std::unordered_set<std::string_view> checking = {
+      "aten::linalg_cholesky", "aten::cholesky", "aten::linalg_inv", "aten::inverse", "aten::linalg_solve",
+      "aten::linalg_lu_factor", "aten::linalg_ldl_factor", "aten::linalg_eigh", "aten::linalg_eigvalsh",
+      "aten::_linalg_eigh", "aten::linalg_eig", "aten::linalg_eigvals", "aten::linalg_svd", "aten::linalg_svdvals",
+      "aten::_linalg_svd", "aten::svd", "aten::linalg_pinv", "aten::linalg_matrix_rank", "aten::linalg_lstsq",
+      "aten::linalg_cond", "aten::_linalg_check_errors"};
+  static const std::unordered_set<std::string_view> sized_by_values = {
+      "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+      "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount", "aten::repeat_interleave",
+      "aten::_local_scalar_dense", "aten::item"};
+  const std::string_view name = n.name.substr(0, n.name.find('.'));
+  if (checking.count(name)) return std::string("checks its result on the host");
+  if (sized_by_values.count(name)) return std::string("reads values on the host");
+  if (!n.op) return std::nullopt;
+  const auto& schema = n.op->schema();
+  auto constant = [&](const char* arg) -> const c10::IValue* {
+    const auto k = schema.argumentIndexWithName(arg);
+    if (!k || static_cast<size_t>(*k) >= n.args.size()) return nullptr;
+    const ir::Arg& a = n.args[static_cast<size_t>(*k)];
+    return a.kind == ir::Arg::Kind::Constant ? &a.constant : nullptr;
+  };
+  // The _ex forms check only when asked.
+  if (const auto* check = constant("check_errors"); check && check->isBool() && check->toBool())
+    return std::string("checks its result on the host (check_errors=True)");
+  // histc with min == max takes its range from its input's values.
+  if (name == "aten::histc") {
+    const auto* lo = constant("min");
+    const auto* hi = constant("max");
+    if (lo && hi && lo->isScalar() && hi->isScalar() && lo->toScalar().toDouble() == hi->toScalar().toDouble())
+      return std::string("reads its input's range on the host (min == max)");
+  }
+  return std::nullopt;
+}
+} // namespace
+
+std::optional<std::string> capture_blocker(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Place& place = places.at(static_cast<size_t>(p.lane_of[i]));
+    if (!place.device.is_cuda()) continue;
+    if (auto why = host_read_of(*g.nodes[i]))
+      return describe_node(*g.nodes[i]) + " " + *why + " on " + place.device.str() +
+          ": a CUDA graph cannot hold a sync";
+  }
+  return std::nullopt;
+}
+
 ir::NodePtr call_of(const ir::Node& n) {
   ir::NodePtr c = ir::new_node();
   c->kind = n.kind;
@@ -204,7 +257,10 @@ void issue_lane(const Recording& r, size_t l, Issued& is) {
 // (a lane stops at a Wait whose event is not recorded yet, and the next
 // lane goes on): no host wait, no stream synchronized. What a CUDA graph's
 // capture needs: every call is queued (captured), none has run.
-void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& events) {
+// `issuing`, where given, names the call being queued (a capture's error
+// names it).
+void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& events,
+                    std::string* issuing = nullptr) {
   std::vector<size_t> next(r.lanes.size(), 0);
   std::vector<char> recorded(events.size(), 0);
   for (bool progressed = true; progressed;) {
@@ -224,6 +280,7 @@ void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& 
           events[ev]->record(place.stream);
           recorded[ev] = 1;
         } else {
+          if (issuing) *issuing = step.name;
           issue_call(step, place);
         }
       }
@@ -343,6 +400,7 @@ std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not) {
     }
   };
   bool begun = false, ending = false;
+  std::string issuing;  // the call being captured
   std::vector<c10::Event> joins;
   try {
     out->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
@@ -352,7 +410,8 @@ std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not) {
     for (size_t l = 0; l < on.lanes.size(); ++l)
       if (!on.lanes[l].empty()) fork.block(on.places[l].stream);
     auto events = events_of(on);
-    issue_in_order(on, events);
+    issue_in_order(on, events, &issuing);
+    issuing.clear();
     for (size_t l = 0; l < on.lanes.size(); ++l) {
       if (on.lanes[l].empty()) continue;
       joins.emplace_back(c10::DeviceType::CUDA);
@@ -373,7 +432,9 @@ std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not) {
       throw;
     } catch (const std::exception& ex) {
       ir::rethrow_if_interrupt(ex);
-      why_not = ir::message_of(ex);
+      // The error's first line (CUDA's errors go on with advice).
+      const std::string message = ir::message_of(ex);
+      why_not = (issuing.empty() ? "" : issuing + ": ") + message.substr(0, message.find('\n'));
       return nullptr;
     }
   }

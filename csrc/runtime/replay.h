@@ -40,6 +40,14 @@ struct ReplayLimits {
 std::optional<std::string> replay_blocker(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places,
                                           const ReplayLimits& limits = {});
 
+// The first reason the run of plan `p` of graph `g` on `places`, which
+// replay_blocker() lets replay, cannot be captured as a CUDA graph, nullopt
+// where nothing is known against it: an op on a GPU's lane whose kernel
+// reads a value on the host (a check of its result, as linalg.cholesky's;
+// a size that depends on values; histc's range read from its input), a
+// sync, which a capture refuses. Such a graph replays step by step.
+std::optional<std::string> capture_blocker(const ir::Graph& g, const plan::Plan& p, const std::vector<Place>& places);
+
 // What a run on stream lanes queued, lane by lane (execute() with a
 // Recording): each lane's waits for other lanes' events, its calls (a node's
 // kernel, a compiled part) with the bytes each read and wrote, and the

@@ -864,6 +864,40 @@ TEST(Replay, WhatCannotBeCapturedIsKnownBeforeCapture) {
   EXPECT_EQ(runtime::replay_blocker(c.graph, p, places, small), std::nullopt);
 }
 
+// An op whose CUDA kernel reads a value on the host (a sync, which a
+// capture refuses) keeps the graph from capture, known before it: on a
+// GPU's lanes only, by name, and for the _ex forms and histc by the
+// arguments that make them read.
+TEST(Replay, AnOpThatReadsOnTheHostOnAGpuKeepsItsGraphFromCapture) {
+  auto x = torch::randn({8, 8}).to(torch_mgpu::device());
+  auto spd = torch::matmul(x, x.t()) + torch::eye(8).to(torch_mgpu::device());
+  auto gpu = stream_places(2);
+  for (auto& pl : gpu) {
+    pl.device = c10::Device(c10::kCUDA, 0);
+    pl.stream = c10::Stream(c10::Stream::UNSAFE, pl.device, 3);
+  }
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  auto blocker = [&](const at::Tensor& y, const std::vector<runtime::Place>& places) {
+    ir::Graph g = ir::build_graph({capture::buffer_of(y)->value});
+    return runtime::capture_blocker(g, round_robin(g, topo, 2), places);
+  };
+  auto why = blocker(torch::linalg_cholesky(spd) * 2, gpu);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("aten::linalg_cholesky"), std::string::npos) << *why;
+  EXPECT_NE(why->find("checks its result on the host on cuda:0"), std::string::npos) << *why;
+  EXPECT_EQ(blocker(torch::linalg_cholesky(spd) * 2, stream_places(2)), std::nullopt);  // CPU streams
+  EXPECT_EQ(blocker(torch::tanh(spd) + 1, gpu), std::nullopt);
+  why = blocker(std::get<0>(torch::linalg_cholesky_ex(spd, false, /*check_errors=*/true)), gpu);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("check_errors=True"), std::string::npos) << *why;
+  EXPECT_EQ(blocker(std::get<0>(torch::linalg_cholesky_ex(spd, false, /*check_errors=*/false)), gpu), std::nullopt);
+  why = blocker(torch::histc(x, 8), gpu);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("range on the host (min == max)"), std::string::npos) << *why;
+  EXPECT_EQ(blocker(torch::histc(x, 8, -3, 3), gpu), std::nullopt);
+  torch_mgpu::synchronize();
+}
+
 // A seeded random op would draw the same numbers at every replay.
 TEST(Replay, RandomOpsAreNotCaptured) {
   auto x = torch::randn({16, 16}).to(torch_mgpu::device());
