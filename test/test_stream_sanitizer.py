@@ -6,6 +6,7 @@ buffer unordered, no block reused while a stream may use it) is checked here
 on every workload below; dropping one event or one record must be caught."""
 import os
 import random
+import re
 import sys
 
 import pytest
@@ -447,6 +448,34 @@ def test_a_hot_graph_on_stream_lanes_replays_with_eager_results(sanitized, repla
     assert torch_mgpu.stats()["replay_pool_bytes"] > 0
     for got, want in kept:  # no replay wrote what an earlier one returned
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_replay_copies_only_the_inputs_whose_values_changed(sanitized, replaying):
+    # A leaf that is the very value the last replay copied (a weight kept
+    # on mgpu) is not copied again; a new value (a fresh input, the weight
+    # written in place), or bytes the graph writes (b, updated in place),
+    # are copied every time. Eager's values throughout.
+    streams(["cpu"], 3)
+    gen = torch.Generator().manual_seed(9)
+    w_cpu = torch.randn(24, 24, generator=gen)
+    w = w_cpu.to("mgpu")
+    b_cpu = torch.randn(24, generator=gen)
+    b = b_cpu.to("mgpu")
+    copied = []
+    for step in range(8):
+        if step == 5:  # the weight takes a new value between steps
+            w_cpu.mul_(0.5)
+            w.mul_(0.5)
+            torch_mgpu.synchronize()
+        x = torch.randn(24, 24, generator=gen)
+        want = replay_step(x, w_cpu, b_cpu)
+        got = replay_step(x.to("mgpu"), w, b)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g.cpu(), e)
+        m = re.search(r"(\d+) of (\d+) inputs copied", torch_mgpu.last_plan().replay)
+        copied.append(m and (int(m.group(1)), int(m.group(2))))
+    assert copied[:3] == [None, None, None], copied  # counted, counted, recorded
+    assert copied[3:] == [(3, 3), (2, 3), (3, 3), (2, 3), (2, 3)], copied
 
 
 def test_a_recorded_graph_replays_on_trial_and_keeps_the_faster_way(sanitized, replaying):

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 
 namespace torch_mgpu::engine {
 
@@ -25,6 +26,11 @@ struct Entry {
   std::string blocked;  // why it is never replayed
   std::shared_ptr<runtime::Recording> rec;
   std::vector<int> input_leaf;                   // per rec->inputs: its leaf's number (tier1::Numbering)
+  // Per rec->inputs: the leaf whose value its bytes hold since the last
+  // replay (none yet), and whether a step writes them (then copied every
+  // time).
+  std::vector<std::weak_ptr<ir::Node>> copied_from;
+  std::vector<char> input_written;
   std::vector<std::pair<int, int>> output_at;    // per rec->outputs: (node, output) in the graph
   size_t leaves = 0;                             // the graph's leaves
   bool busy = false;                             // a run is replaying or recording it
@@ -179,6 +185,17 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   e.times.baseline_warm();  // hot: it has run without replay before
   e.decided = false;
   e.input_leaf = std::move(input_leaf);
+  e.copied_from.assign(e.input_leaf.size(), {});
+  e.input_written.assign(e.input_leaf.size(), 0);
+  {
+    std::unordered_set<const c10::StorageImpl*> written;
+    for (const auto& lane : rec->lanes)
+      for (const auto& step : lane)
+        for (const auto& w : step.writes)
+          if (w) written.insert(w.unsafeGetStorageImpl());
+    for (size_t k = 0; k < rec->inputs.size(); ++k)
+      e.input_written[k] = written.count(rec->inputs[k].second.unsafeGetStorageImpl()) ? 1 : 0;
+  }
   e.output_at = std::move(output_at);
   e.leaves = nb.leaves.size();
   runtime::counters().replay_recordings += 1;
@@ -193,13 +210,19 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
 }
 
 // Copies the leaves of `g` into the recording's inputs; false where a leaf
-// does not fit (its bytes are another size, it is not materialized).
-bool copy_inputs(const ir::Graph& g, const Entry& e) {
+// does not fit (its bytes are another size, it is not materialized). A
+// leaf that is the very value copied at the last replay (a Data node's
+// bytes never change), into bytes no step writes, is not copied again.
+bool copy_inputs(const ir::Graph& g, Entry& e, ReplayRun& run) {
   const tier1::Numbering nb = tier1::number(g);
   if (nb.leaves.size() != e.leaves) return false;
+  run.inputs = e.input_leaf.size();
   for (size_t k = 0; k < e.input_leaf.size(); ++k) {
-    const ir::Node& leaf = *nb.leaves[static_cast<size_t>(e.input_leaf[k])].node;
+    const ir::NodePtr& leaf_ptr = nb.leaves[static_cast<size_t>(e.input_leaf[k])].node;
+    const ir::Node& leaf = *leaf_ptr;
     const c10::Storage& into = e.rec->inputs[k].second;
+    if (leaf.kind == ir::NodeKind::Data && !e.input_written[k] && e.copied_from[k].lock() == leaf_ptr) continue;
+    e.copied_from[k].reset();  // until this copy is done
     c10::Storage from;
     if (leaf.kind == ir::NodeKind::Empty) {
       // Uninitialized, yet one value: the bytes it already has somewhere,
@@ -216,9 +239,11 @@ bool copy_inputs(const ir::Graph& g, const Entry& e) {
     }
     if (from.nbytes() < into.nbytes()) return false;
     if (into.nbytes()) runtime::byte_view(into, into.nbytes()).copy_(runtime::byte_view(from, into.nbytes()));
+    run.inputs_copied += 1;
+    if (leaf.kind == ir::NodeKind::Data) e.copied_from[k] = leaf_ptr;
   }
   // The lanes' streams start after the copies.
-  if (!e.rec->inputs.empty()) wait_for_copies(e.rec->inputs[0].second.device());
+  if (run.inputs_copied) wait_for_copies(e.rec->inputs[0].second.device());
   return true;
 }
 
@@ -323,7 +348,7 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
   }
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (!copy_inputs(g, *e)) {
+    if (!copy_inputs(g, *e, run)) {
       // Its leaves are not those it was recorded with: recorded again when hot.
       std::lock_guard<std::mutex> lock(r.m);
       forget(*e);

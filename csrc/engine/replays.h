@@ -57,6 +57,10 @@ struct ReplayRun {
   std::string why;        // why the graph is not replayed ("" when it is, or not yet hot)
   std::string note;       // how it replays (a capture that failed, the trial's verdict)
   size_t steps = 0;       // the recording's steps
+  // A replay's inputs, and those of them it copied into the recording's
+  // bytes (a leaf that is the very value copied at the last replay, which
+  // no step writes, is not copied again: weights, persistent buffers).
+  size_t inputs = 0, inputs_copied = 0;
   // On trial (replay_trial()): the graph's key and the way this run is
   // (0: without replay, 1: replayed), and whether its time counts (not a
   // way's cold first run). The sync reports the run's seconds (observe_replay).

@@ -125,7 +125,8 @@ void Execution::run() {
     auto rec = engine::describe(g, *plan, &result);
     record = rec;
     rec->replay = replay.replayed ? std::string("replayed its recording") + (replay.captured ? " as one CUDA graph" : "") +
-            " (" + std::to_string(replay.steps) + " steps)"
+            " (" + std::to_string(replay.steps) + " steps, " + std::to_string(replay.inputs_copied) + " of " +
+            std::to_string(replay.inputs) + " inputs copied)"
         : replay.recorded         ? "recorded for replay (" + std::to_string(replay.steps) + " steps)"
         : !replay.why.empty()     ? "not replayed: " + replay.why
                                   : "";
