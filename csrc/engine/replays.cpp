@@ -181,9 +181,7 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   // Known before any capture: it replays step by step.
   if (capture_checks())
     if (auto why = runtime::capture_blocker(g, p, l.places)) e.not_captured = *why;
-  e.times = ir::Trial(2, kTrialRuns, ir::margin::kReplay);
-  e.times.baseline_warm();  // hot: it has run without replay before
-  e.decided = false;
+  e.times.baseline_warm();  // hot: it has run without replay before (forget() reset the trial)
   e.input_leaf = std::move(input_leaf);
   e.copied_from.assign(e.input_leaf.size(), {});
   e.input_written.assign(e.input_leaf.size(), 0);

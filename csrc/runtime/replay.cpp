@@ -218,33 +218,39 @@ std::vector<std::optional<c10::Event>> events_of(const Recording& r) {
   return events;
 }
 
+// Queues `step` on the stream of `place` (current); a Wait's event has
+// been recorded (its Record queued): the callers see to that, each its way.
+void queue_step(const Recording::Step& step, const Place& place, std::vector<std::optional<c10::Event>>& events) {
+  switch (step.kind) {
+    case Recording::Step::Kind::Wait:
+      wait_for(*events[static_cast<size_t>(step.event)], place);
+      break;
+    case Recording::Step::Kind::Record:
+      events[static_cast<size_t>(step.event)]->record(place.stream);
+      break;
+    case Recording::Step::Kind::Call:
+      issue_call(step, place);
+      break;
+  }
+}
+
+// A lane's steps from a thread of its own: a Wait waits on the host until
+// another lane's thread has queued the Record of its event.
 void issue_lane(const Recording& r, size_t l, Issued& is) {
   const Place& place = r.places.at(l);
   c10::StreamGuard guard(place.stream);
-  bool stopped = false;  // another lane failed: this one queues no more, and finishes what it queued
   for (const auto& step : r.lanes[l]) {
-    if (stopped) break;
-    switch (step.kind) {
-      case Recording::Step::Kind::Wait: {
-        {
-          std::unique_lock<std::mutex> lock(is.m);
-          is.cv.wait(lock, [&] { return is.failed || is.recorded[static_cast<size_t>(step.event)]; });
-          stopped = is.failed;
-        }
-        if (stopped) break;
-        wait_for(*is.events[static_cast<size_t>(step.event)], place);
-        break;
-      }
-      case Recording::Step::Kind::Record: {
-        is.events[static_cast<size_t>(step.event)]->record(place.stream);
-        std::lock_guard<std::mutex> lock(is.m);
-        is.recorded[static_cast<size_t>(step.event)] = 1;
-        is.cv.notify_all();
-        break;
-      }
-      case Recording::Step::Kind::Call:
-        issue_call(step, place);
-        break;
+    const auto ev = static_cast<size_t>(step.event);
+    if (step.kind == Recording::Step::Kind::Wait) {
+      std::unique_lock<std::mutex> lock(is.m);
+      is.cv.wait(lock, [&] { return is.failed || is.recorded[ev]; });
+      if (is.failed) break;  // another lane failed: this one queues no more, and finishes what it queued
+    }
+    queue_step(step, place, is.events);
+    if (step.kind == Recording::Step::Kind::Record) {
+      std::lock_guard<std::mutex> lock(is.m);
+      is.recorded[ev] = 1;
+      is.cv.notify_all();
     }
   }
   observers().before_stream_sync();
@@ -273,16 +279,10 @@ void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& 
       for (; next[l] < lane.size(); ++next[l], progressed = true) {
         const Recording::Step& step = lane[next[l]];
         const auto ev = static_cast<size_t>(step.event);
-        if (step.kind == Recording::Step::Kind::Wait) {
-          if (!recorded[ev]) break;
-          wait_for(*events[ev], place);
-        } else if (step.kind == Recording::Step::Kind::Record) {
-          events[ev]->record(place.stream);
-          recorded[ev] = 1;
-        } else {
-          if (issuing) *issuing = step.name;
-          issue_call(step, place);
-        }
+        if (step.kind == Recording::Step::Kind::Wait && !recorded[ev]) break;
+        if (step.kind == Recording::Step::Kind::Call && issuing) *issuing = step.name;
+        queue_step(step, place, events);
+        if (step.kind == Recording::Step::Kind::Record) recorded[ev] = 1;
       }
     }
   }

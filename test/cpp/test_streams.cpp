@@ -573,15 +573,37 @@ size_t steps_of(const runtime::Recording& rec, runtime::Recording::Step::Kind ki
   return n;
 }
 
-TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
-  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
+// A Replayable's run on `lanes` CPU stream lanes (round-robin), recorded
+// under the sanitizer, which stays on while this lives.
+struct RecordedRun {
+  struct Quiet {
+    Quiet() { torch_mgpu::synchronize(); }  // no flight of earlier tests' work runs beside the sanitizer
+  } quiet;
   Replayable c;
-  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
-  plan::Plan p = round_robin(c.g, topo, 3);
   Sanitized on;
   runtime::Recording rec;
-  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
-  ASSERT_FALSE(r.first_error);
+  bool ok = false;  // the recorded run raised nothing
+  explicit RecordedRun(int lanes) {
+    auto topo = plan::make_topology({"cpu"}, lanes, at::get_num_threads());
+    plan::Plan p = round_robin(c.g, topo, lanes);
+    ok = !runtime::execute(c.g, p, stream_places(lanes), nullptr, &rec).first_error;
+  }
+};
+
+// The races the sanitizer reports when `replay` runs with its first event
+// wait dropped (what orders the lanes: one dropped must be a race).
+std::vector<std::string> races_with_a_dropped_wait(const std::function<void()>& replay) {
+  runtime::inject_fault("drop_event_wait", 1);
+  replay();
+  runtime::inject_fault("drop_event_wait", 0);
+  return runtime::take_stream_sanitizer_races();
+}
+
+TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
+  RecordedRun run(3);
+  ASSERT_TRUE(run.ok);
+  auto& c = run.c;
+  auto& rec = run.rec;
   ASSERT_EQ(rec.unreplayable, "");
   EXPECT_EQ(rec.inputs.size(), 3u);  // each leaf once, though mm reads it twice
   EXPECT_EQ(steps_of(rec, runtime::Recording::Step::Kind::Call), c.g.size());
@@ -601,14 +623,10 @@ TEST(Replay, ARecordedRunReplaysOverNewInputsWithNoRace) {
 }
 
 TEST(Replay, OwnInputsLeaveTheLeavesBytesAsTheyWere) {
-  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
-  Replayable c;
-  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
-  plan::Plan p = round_robin(c.g, topo, 2);
-  Sanitized on;
-  runtime::Recording rec;
-  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(2), nullptr, &rec);
-  ASSERT_FALSE(r.first_error);
+  RecordedRun run(2);
+  ASSERT_TRUE(run.ok);
+  auto& c = run.c;
+  auto& rec = run.rec;
   std::vector<const void*> leaves;
   for (const auto& [v, bytes] : rec.inputs) leaves.push_back(bytes.data());
   rec.own_inputs();
@@ -632,19 +650,11 @@ TEST(Replay, OwnInputsLeaveTheLeavesBytesAsTheyWere) {
 }
 
 TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
-  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
-  Replayable c;
-  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
-  plan::Plan p = round_robin(c.g, topo, 3);
-  Sanitized on;
-  runtime::Recording rec;
-  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
-  ASSERT_FALSE(r.first_error);
+  RecordedRun run(3);
+  ASSERT_TRUE(run.ok);
+  auto& rec = run.rec;
   ASSERT_TRUE(runtime::take_stream_sanitizer_races().empty());
-  runtime::inject_fault("drop_event_wait", 1);
-  runtime::replay(rec);
-  runtime::inject_fault("drop_event_wait", 0);
-  auto races = runtime::take_stream_sanitizer_races();
+  auto races = races_with_a_dropped_wait([&] { runtime::replay(rec); });
   ASSERT_FALSE(races.empty());
   EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
   EXPECT_NE(races[0].find("read by node"), std::string::npos) << races[0];
@@ -654,14 +664,10 @@ TEST(Replay, ADroppedWaitInAReplayIsARaceNamingBothNodes) {
 // steps from one thread, a lane stopping at a Wait whose Record is not
 // queued yet. Over new inputs: eager's values, and no race.
 TEST(Replay, IssuedFromOneThreadInTheCapturesOrderReplaysWithNoRace) {
-  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
-  Replayable c;
-  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
-  plan::Plan p = round_robin(c.g, topo, 3);
-  Sanitized on;
-  runtime::Recording rec;
-  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
-  ASSERT_FALSE(r.first_error);
+  RecordedRun run(3);
+  ASSERT_TRUE(run.ok);
+  auto& c = run.c;
+  auto& rec = run.rec;
   ASSERT_GT(steps_of(rec, runtime::Recording::Step::Kind::Wait), 0u);
   EXPECT_FALSE(runtime::can_capture(rec));  // CPU streams: no CUDA graph
   for (int round = 0; round < 3; ++round) {
@@ -674,10 +680,7 @@ TEST(Replay, IssuedFromOneThreadInTheCapturesOrderReplaysWithNoRace) {
   auto races = runtime::take_stream_sanitizer_races();
   EXPECT_TRUE(races.empty()) << races.front();
   // ... and its waits are what orders the lanes: one dropped is a race.
-  runtime::inject_fault("drop_event_wait", 1);
-  runtime::replay_from_one_thread(rec);
-  runtime::inject_fault("drop_event_wait", 0);
-  races = runtime::take_stream_sanitizer_races();
+  races = races_with_a_dropped_wait([&] { runtime::replay_from_one_thread(rec); });
   ASSERT_FALSE(races.empty());
   EXPECT_NE(races[0].find("write by node"), std::string::npos) << races[0];
 }
@@ -685,14 +688,9 @@ TEST(Replay, IssuedFromOneThreadInTheCapturesOrderReplaysWithNoRace) {
 // A recording whose lane waits for an event no lane records cannot be
 // issued in any order: an error, not a hang, and every stream finishes.
 TEST(Replay, ALaneWaitingForAnEventNoLaneRecordsIsAnError) {
-  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
-  Replayable c;
-  auto topo = plan::make_topology({"cpu"}, 3, at::get_num_threads());
-  plan::Plan p = round_robin(c.g, topo, 3);
-  Sanitized on;
-  runtime::Recording rec;
-  runtime::ExecResult r = runtime::execute(c.g, p, stream_places(3), nullptr, &rec);
-  ASSERT_FALSE(r.first_error);
+  RecordedRun run(3);
+  ASSERT_TRUE(run.ok);
+  auto& rec = run.rec;
   for (auto& lane : rec.lanes)
     lane.erase(std::remove_if(lane.begin(), lane.end(),
                               [](const auto& s) { return s.kind == runtime::Recording::Step::Kind::Record; }),
