@@ -478,6 +478,46 @@ def test_a_replay_copies_only_the_inputs_whose_values_changed(sanitized, replayi
     assert copied[3:] == [(3, 3), (2, 3), (3, 3), (2, 3), (2, 3)], copied
 
 
+def test_a_check_left_to_a_replays_end_raises_as_eager_does(sanitized, replaying):
+    # linalg.cholesky and linalg.inv check their results on the host (on a
+    # GPU a sync, which a CUDA graph cannot hold): replays run their
+    # unchecked forms and read the error codes once done. A matrix that
+    # fails at a replay raises eager's error at the sync (the graph run
+    # anew), and the graph goes on with eager's values.
+    streams(["cpu"], 2)
+    gen = torch.Generator().manual_seed(11)
+
+    def heads(a, b):
+        return torch.linalg.cholesky(a) * 2, torch.linalg.inv(b) + 1
+
+    def spd():
+        m = torch.randn(8, 8, generator=gen)
+        return m @ m.t() + 8 * torch.eye(8)
+
+    dropped = torch_mgpu.stats()["replay_dropped"]
+    tiers = []
+    for _ in range(6):
+        a, b = spd(), spd()
+        for g, e in zip(heads(a.to("mgpu"), b.to("mgpu")), heads(a, b)):
+            torch.testing.assert_close(g.cpu(), e)
+        tiers.append(torch_mgpu.last_plan().tier)
+    assert tiers == [0, 0, 0, 2, 2, 2], tiers
+    bad = spd()
+    bad[3, 3] = -1.0  # a leading minor that is not positive-definite
+    with pytest.raises(torch.linalg.LinAlgError) as eager:
+        torch.linalg.cholesky(bad)
+    got = heads(bad.to("mgpu"), spd().to("mgpu"))
+    with pytest.raises(torch.linalg.LinAlgError) as lazy:
+        got[0].cpu()
+    assert str(lazy.value).startswith(str(eager.value)), (lazy.value, eager.value)
+    assert torch_mgpu.stats()["replay_dropped"] == dropped + 1
+    for _ in range(5):
+        a, b = spd(), spd()
+        for g, e in zip(heads(a.to("mgpu"), b.to("mgpu")), heads(a, b)):
+            torch.testing.assert_close(g.cpu(), e)
+    assert torch_mgpu.last_plan().tier == 2, torch_mgpu.last_plan().replay
+
+
 def test_a_recorded_graph_replays_on_trial_and_keeps_the_faster_way(sanitized, replaying):
     # With the trial on, replay and the run without it (tier 0 here) take
     # turns after the recording, 3 timed runs each; then the faster stays

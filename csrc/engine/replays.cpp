@@ -371,6 +371,8 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
     } else {
       runtime::replay(*e->rec);
     }
+    // Checks left to the end (a result that does not hold: run anew).
+    runtime::raise_failed_checks(*e->rec);
   } catch (const std::exception& ex) {
     std::lock_guard<std::mutex> lock(r.m);
     forget(*e);

@@ -74,8 +74,9 @@ std::optional<std::string> host_read_of(const ir::Node& n) {
   // By name without the overload: linear algebra that checks its result
   // (_linalg_check_errors, a sync on CUDA) and ops whose result's size
   // depends on values.
+  // (linalg_cholesky and linalg_inv replay unchecked: unchecked_call_of.)
   static const std::unordered_set<std::string_view> checking = {
-      "aten::linalg_cholesky", "aten::cholesky", "aten::linalg_inv", "aten::inverse", "aten::linalg_solve",
+      "aten::cholesky", "aten::inverse", "aten::linalg_solve",
       "aten::linalg_lu_factor", "aten::linalg_ldl_factor", "aten::linalg_eigh", "aten::linalg_eigvalsh",
       "aten::_linalg_eigh", "aten::linalg_eig", "aten::linalg_eigvals", "aten::linalg_svd", "aten::linalg_svdvals",
       "aten::_linalg_svd", "aten::svd", "aten::linalg_pinv", "aten::linalg_matrix_rank", "aten::linalg_lstsq",
@@ -135,6 +136,62 @@ ir::NodePtr call_of(const ir::Node& n) {
   c->where = n.where;
   c->id = n.id;
   return c;
+}
+
+namespace {
+// Ops whose check a replay leaves to its end, and their unchecked forms
+// (the same arguments, then check_errors; the same results, then the
+// error codes).
+struct Unchecked {
+  std::string_view op, unchecked;
+};
+constexpr Unchecked kUnchecked[] = {{"aten::linalg_cholesky", "aten::linalg_cholesky_ex"},
+                                    {"aten::linalg_inv", "aten::linalg_inv_ex"}};
+} // namespace
+
+ir::NodePtr unchecked_call_of(const ir::Node& n) {
+  if (n.kind != ir::NodeKind::Op || n.outputs.size() != 1 || n.outputs[0].mutated_operand >= 0) return nullptr;
+  for (const auto& u : kUnchecked) {
+    if (n.name != u.op) continue;
+    static const c10::OperatorHandle cholesky_ex =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::linalg_cholesky_ex", "");
+    static const c10::OperatorHandle inv_ex = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linalg_inv_ex", "");
+    ir::NodePtr c = call_of(n);
+    c->name = ir::intern(u.unchecked);
+    c->op = u.unchecked == "aten::linalg_cholesky_ex" ? cholesky_ex : inv_ex;
+    ir::Arg no_check;
+    no_check.constant = false;
+    c->args.push_back(std::move(no_check));
+    // The error codes: int32, one per matrix of the batch.
+    const ir::TensorGeometry& result = n.outputs[0].geom;
+    if (result.sizes.size() < 2) return nullptr;
+    ir::Output codes;
+    codes.returned = 1;
+    codes.geom.dtype = c10::ScalarType::Int;
+    codes.geom.sizes.assign(result.sizes.begin(), result.sizes.end() - 2);
+    codes.geom.strides.resize(codes.geom.sizes.size());
+    int64_t numel = 1;
+    for (size_t d = codes.geom.sizes.size(); d-- > 0;) {
+      codes.geom.strides[d] = numel;
+      numel *= codes.geom.sizes[d];
+    }
+    codes.nbytes = static_cast<size_t>(numel) * sizeof(int32_t);
+    c->outputs.push_back(codes);
+    return c;
+  }
+  return nullptr;
+}
+
+void raise_failed_checks(const Recording& r) {
+  for (const auto& check : r.checks) {
+    const auto n = static_cast<int64_t>(check.codes.nbytes() / sizeof(int32_t));
+    if (n == 0) continue;
+    const at::Tensor codes = byte_view(check.codes, check.codes.nbytes()).view(at::kInt).to(at::kCPU);
+    const int32_t* code = codes.data_ptr<int32_t>();
+    for (int64_t k = 0; k < n; ++k)
+      TORCH_CHECK(code[k] == 0, "mgpu: ", check.node, " failed its check in a replay (error code ", code[k],
+                  "): the graph runs anew");
+  }
 }
 
 size_t Recording::pool_bytes() const {

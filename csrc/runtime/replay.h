@@ -84,6 +84,13 @@ struct Recording {
   // Why the run cannot be replayed ("" when it can): a node failed, a lane
   // is not a stream lane, a value crossed devices.
   std::string unreplayable;
+  // Checks a replay leaves to its end (unchecked_call_of): bytes a call
+  // writes its kernel's error codes into, and the node they are of.
+  struct Check {
+    c10::Storage codes;  // int32, one per matrix
+    std::string node;    // describe_node's
+  };
+  std::vector<Check> checks;
 
   // Bytes the recording keeps: what its calls wrote (each block once).
   size_t pool_bytes() const;
@@ -98,6 +105,20 @@ struct Recording {
 // not its operands (which would keep the graph before it, and the leaves'
 // bytes, alive with the recording).
 ir::NodePtr call_of(const ir::Node& n);
+
+// For a node whose kernel checks its result on the host (a sync: on a GPU,
+// one a CUDA graph cannot hold) and that has a form without the check
+// (linalg.cholesky, linalg.inv: their _ex forms with check_errors=False),
+// the recorded call of that form: its results, then its error codes as one
+// more output, which the replay checks once it is done
+// (raise_failed_checks). nullptr for any other node.
+ir::NodePtr unchecked_call_of(const ir::Node& n);
+
+// Throws where a call of the last replay of `r` left an error code that is
+// not 0 (its checks): the recording's bytes then do not hold the graph's
+// results, and its caller runs the graph anew, which raises the op's own
+// error. Reads the codes on the host once every stream is done.
+void raise_failed_checks(const Recording& r);
 
 // Issues recording `r` again: each lane's steps in order on its stream (on
 // a thread of its own); a Wait waits on the host until the Record of its

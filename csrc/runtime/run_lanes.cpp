@@ -111,13 +111,28 @@ void Run::record_call(int lane, int i, std::vector<c10::Storage> read, const std
   call.name = "node " + std::to_string(g.nodes[i]->id) + " (" + std::string(g.nodes[i]->name) + ")";  // as run_node reports it
   call.reads = std::move(read);
   call.writes = made;
+  // A check that reads the result on the host is left to the replay's end:
+  // the call's error codes go to bytes of the recording's.
+  ir::NodePtr node = unchecked_call_of(*g.nodes[i]);
+  c10::Storage codes;
+  if (node) {
+    codes = allocate(node->outputs.back().nbytes, places[lane].device);
+    recording->checks.push_back({codes, describe_node(*g.nodes[i])});
+  } else {
+    node = call_of(*g.nodes[i]);
+  }
   // With the intra-op threads it ran with (a CPU kernel rounds by them).
-  call.call = [node = call_of(*g.nodes[i]), reuse, threads = thread_parallelism()](const std::vector<c10::Storage>& r,
-                                                                          const Place& at) {
+  call.call = [node, codes, reuse, threads = thread_parallelism()](const std::vector<c10::Storage>& r,
+                                                                   const Place& at) {
     std::optional<ScopedParallelism> narrow;
     if (at.device.is_cpu() && threads != thread_parallelism()) narrow.emplace(threads);
     observers().before_node(*node);
-    return run_node(*node, r, reuse, at);
+    std::vector<c10::Storage> out = run_node(*node, r, reuse, at);
+    if (codes) {
+      if (codes.nbytes()) byte_view(codes, codes.nbytes()).copy_(byte_view(out.back(), codes.nbytes()), true);
+      out.pop_back();
+    }
+    return out;
   };
   recording->lanes[lane].push_back(std::move(call));
 }

@@ -879,12 +879,16 @@ TEST(Replay, AnOpThatReadsOnTheHostOnAGpuKeepsItsGraphFromCapture) {
     ir::Graph g = ir::build_graph({capture::buffer_of(y)->value});
     return runtime::capture_blocker(g, round_robin(g, topo, 2), places);
   };
-  auto why = blocker(torch::linalg_cholesky(spd) * 2, gpu);
+  auto why = blocker(std::get<0>(torch::linalg_eigh(spd)) * 2, gpu);
   ASSERT_TRUE(why);
-  EXPECT_NE(why->find("aten::linalg_cholesky"), std::string::npos) << *why;
+  EXPECT_NE(why->find("eigh"), std::string::npos) << *why;
   EXPECT_NE(why->find("checks its result on the host on cuda:0"), std::string::npos) << *why;
-  EXPECT_EQ(blocker(torch::linalg_cholesky(spd) * 2, stream_places(2)), std::nullopt);  // CPU streams
+  EXPECT_EQ(blocker(std::get<0>(torch::linalg_eigh(spd)) * 2, stream_places(2)), std::nullopt);  // CPU streams
   EXPECT_EQ(blocker(torch::tanh(spd) + 1, gpu), std::nullopt);
+  // linalg.cholesky and linalg.inv replay unchecked, their checks left to
+  // the replay's end (Replay.AFailedCheck...): nothing against capture.
+  EXPECT_EQ(blocker(torch::linalg_cholesky(spd) * 2, gpu), std::nullopt);
+  EXPECT_EQ(blocker(torch::linalg_inv(spd) * 2, gpu), std::nullopt);
   why = blocker(std::get<0>(torch::linalg_cholesky_ex(spd, false, /*check_errors=*/true)), gpu);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("check_errors=True"), std::string::npos) << *why;
@@ -894,6 +898,47 @@ TEST(Replay, AnOpThatReadsOnTheHostOnAGpuKeepsItsGraphFromCapture) {
   EXPECT_NE(why->find("range on the host (min == max)"), std::string::npos) << *why;
   EXPECT_EQ(blocker(torch::histc(x, 8, -3, 3), gpu), std::nullopt);
   torch_mgpu::synchronize();
+}
+
+// linalg.cholesky's check of its result (a host sync) is left to the end
+// of a replay: the recorded call is linalg_cholesky_ex with no check, its
+// error codes in bytes of the recording's, read once the replay is done.
+TEST(Replay, AFailedCheckLeftToTheReplaysEndIsRaisedAfterIt) {
+  torch_mgpu::synchronize();  // no flight of earlier tests' work runs beside the sanitizer
+  auto m = torch::randn({6, 6});
+  auto spd = torch::matmul(m, m.t()) + 6 * torch::eye(6);
+  auto am = spd.to(torch_mgpu::device());
+  auto l = torch::linalg_cholesky(am) * 2;
+  ir::Graph g = ir::build_graph({capture::buffer_of(l)->value});
+  auto topo = plan::make_topology({"cpu"}, 2, at::get_num_threads());
+  plan::Plan p = round_robin(g, topo, 2);
+  Sanitized on;
+  runtime::Recording rec;
+  ASSERT_FALSE(runtime::execute(g, p, stream_places(2), nullptr, &rec).first_error);
+  ASSERT_EQ(rec.checks.size(), 1u);
+  EXPECT_NE(rec.checks[0].node.find("aten::linalg_cholesky"), std::string::npos) << rec.checks[0].node;
+  ASSERT_EQ(rec.inputs.size(), 1u);
+  auto input = runtime::cpu_view(rec.inputs[0].second, capture::geometry_of(am));
+  auto result = [&] {
+    for (const auto& [v, bytes] : rec.outputs)
+      if (v.node == capture::buffer_of(l)->value.node) return runtime::cpu_view(bytes, capture::geometry_of(l));
+    return at::Tensor();
+  };
+  runtime::replay(rec);
+  EXPECT_NO_THROW(runtime::raise_failed_checks(rec));
+  EXPECT_TRUE(torch::allclose(result(), torch::linalg_cholesky(spd) * 2));
+  input.copy_(-torch::eye(6));  // not positive-definite
+  runtime::replay(rec);
+  try {
+    runtime::raise_failed_checks(rec);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("failed its check in a replay (error code 1)"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+  auto races = runtime::take_stream_sanitizer_races();
+  EXPECT_TRUE(races.empty()) << races.front();
 }
 
 // A seeded random op would draw the same numbers at every replay.
