@@ -139,11 +139,13 @@ def run_case(case, device, streams, with_compile, quick=False):
     # of its own (configuring lanes between runs would drop their plans).
     times = measure({k: v for k, v in variants.items() if not k.startswith("mgpu")}, case.reps)
     hits, trial = torch_mgpu._C._replay_hits(), torch_mgpu._C._replay_trial()
+    split = {}
     try:
         for name in [k for k in variants if k.startswith("mgpu")]:
             run, configure = variants[name]
             configure()
             times.update(measure({name: (run, nothing)}, case.reps, settle=True))
+            split[name] = host_split(case, mg_in)
     finally:
         torch_mgpu._C._set_replay_hits(hits)
         torch_mgpu._C._set_replay_trial(trial)
@@ -164,7 +166,31 @@ def run_case(case, device, streams, with_compile, quick=False):
     pred = {s: statistics.median(p for p, _, _ in plans[s]) for s in streams}
     meas = {s: statistics.median(m for _, m, _ in plans[s]) for s in streams}
     lanes = {s: max(l for _, _, l in plans[s]) for s in streams}
-    return times, pred, meas, lanes, replays
+    return times, pred, meas, lanes, replays, split
+
+
+SYNC_PARTS = ("sync_graph_us", "sync_plan_us", "sync_execute_us", "sync_bind_us")
+
+
+def host_split(case, mg_in):
+    """Where a settled mgpu run's time goes, in ms per run (medians of the
+    capture and the sync; the sync's parts from stats(), means): the
+    capture of the ops at their calls, then the sync's graph, plan, run
+    (or replay) and binding of results."""
+    before = torch_mgpu.stats()
+    capture, whole = [], []
+    for _ in range(case.reps):
+        t0 = time.perf_counter()
+        out = case.fn(*mg_in)
+        t1 = time.perf_counter()
+        torch_mgpu.synchronize()
+        t2 = time.perf_counter()
+        del out
+        capture.append(t1 - t0)
+        whole.append(t2 - t1)
+    after = torch_mgpu.stats()
+    parts = {k: (after[k] - before[k]) / case.reps / 1e3 for k in SYNC_PARTS}
+    return {"capture": statistics.median(capture) * 1e3, "sync": statistics.median(whole) * 1e3, **parts}
 
 
 def main():
@@ -181,8 +207,8 @@ def main():
     rows = []
     todo = cases(a.quick, device)
     for case in todo:
-        times, pred, meas, lanes, replays = run_case(case, device, streams, not a.no_compile, a.quick)
-        rows.append((case, times, pred, meas, lanes, replays))
+        times, pred, meas, lanes, replays, split = run_case(case, device, streams, not a.no_compile, a.quick)
+        rows.append((case, times, pred, meas, lanes, replays, split))
         line = "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
         print(f"{case.workload:>14} | {case.name:<28} {line}", flush=True)
         # Written after each case: a run cut short (a lent machine's time
@@ -221,12 +247,27 @@ def write(a, device, streams, rows, cases_in_all, t_start):
     table = ["| workload | case | " + " | ".join(cols) + " | " +
              " | ".join(f"x{s} speed-up, lanes used, pred/meas | x{s} replay speed-up" for s in streams) + " | replay |",
              "|" + "---|" * (3 + len(cols) + 2 * len(streams))]
-    for case, times, pred, meas, lanes, replays in rows:
+    for case, times, pred, meas, lanes, replays, _ in rows:
         cells = [f"{times[c] * 1e3:.3f}" if c in times else "-" for c in cols]
         extra = [f"{times['eager'] / times[f'mgpu x{s}']:.2f}x, {lanes[s]}, {pred[s] / meas[s]:.2f} | "
                  f"{times['eager'] / times[f'mgpu x{s} replay']:.2f}x" for s in streams]
         how = "; ".join(f"x{s}: {replays.get(s, '-')}" for s in streams)
         table.append(f"| {case.workload} | {case.name} | " + " | ".join(cells + extra) + f" | {how} |")
+    table += [
+        "",
+        "## Where an mgpu run's time goes",
+        "",
+        "ms per run, after the timed runs above, settled: `capture` the ops recorded at their calls (median),",
+        "`sync` the sync (median), and of the sync (means, from `stats()`): `graph` building the graph, `plan`",
+        "planning it (a cached plan's lookup), `run` running it (or replaying it), `bind` binding its results.",
+        "",
+        "| workload | case | mgpu | capture | sync | graph | plan | run | bind |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, _, _, _, _, _, split in rows:
+        for name, sp in split.items():
+            table.append(f"| {case.workload} | {case.name} | {name} | {sp['capture']:.3f} | {sp['sync']:.3f} | " +
+                         " | ".join(f"{sp[k]:.3f}" for k in SYNC_PARTS) + " |")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(head + table) + "\n")
