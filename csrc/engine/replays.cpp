@@ -160,12 +160,23 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
       e.blocked = run.why = "a result the run did not keep";
       return res;
     }
+  std::optional<std::string> no_capture;
+  std::vector<char> input_written(rec->inputs.size(), 0);
   try {
     // The roots the sync binds get bytes of their own (copied before the
     // recording's inputs get theirs: an input written in place is a root
     // whose bytes are the leaf's until then).
     bind_roots(res, output_at, rec->outputs);
     rec->own_inputs();
+    // Known before any capture: it replays step by step.
+    if (capture_checks()) no_capture = runtime::capture_blocker(g, p, l.places);
+    std::unordered_set<const c10::StorageImpl*> written;
+    for (const auto& lane : rec->lanes)
+      for (const auto& step : lane)
+        for (const auto& w : step.writes)
+          if (w) written.insert(w.unsafeGetStorageImpl());
+    for (size_t k = 0; k < rec->inputs.size(); ++k)
+      input_written[k] = written.count(rec->inputs[k].second.unsafeGetStorageImpl()) ? 1 : 0;
   } catch (const std::exception& ex) {
     // Memory ran out: the run's results stand as tier 0 left them (it has
     // written in place: it must be bound, not run again); no recording.
@@ -178,22 +189,11 @@ runtime::ExecResult record(const ir::Graph& g, const Lanes& l, const plan::Plan&
   for (auto& out : rec->outputs) out.first = ir::Value();
   for (const auto& lane : rec->lanes) run.steps += lane.size();
   e.rec = rec;
-  // Known before any capture: it replays step by step.
-  if (capture_checks())
-    if (auto why = runtime::capture_blocker(g, p, l.places)) e.not_captured = *why;
+  if (no_capture) e.not_captured = *no_capture;
   e.times.baseline_warm();  // hot: it has run without replay before (forget() reset the trial)
   e.input_leaf = std::move(input_leaf);
   e.copied_from.assign(e.input_leaf.size(), {});
-  e.input_written.assign(e.input_leaf.size(), 0);
-  {
-    std::unordered_set<const c10::StorageImpl*> written;
-    for (const auto& lane : rec->lanes)
-      for (const auto& step : lane)
-        for (const auto& w : step.writes)
-          if (w) written.insert(w.unsafeGetStorageImpl());
-    for (size_t k = 0; k < rec->inputs.size(); ++k)
-      e.input_written[k] = written.count(rec->inputs[k].second.unsafeGetStorageImpl()) ? 1 : 0;
-  }
+  e.input_written = std::move(input_written);
   e.output_at = std::move(output_at);
   e.leaves = nb.leaves.size();
   runtime::counters().replay_recordings += 1;
@@ -374,9 +374,13 @@ std::optional<runtime::ExecResult> run_replay(const ir::Graph& g, const Lanes& l
     // Checks left to the end (a result that does not hold: run anew).
     runtime::raise_failed_checks(*e->rec);
   } catch (const std::exception& ex) {
-    std::lock_guard<std::mutex> lock(r.m);
-    forget(*e);
-    e->hits = 0;
+    {
+      std::lock_guard<std::mutex> lock(r.m);
+      forget(*e);
+      e->hits = 0;
+    }
+    // (It wrote only the recording's bytes: nothing to undo.)
+    ir::rethrow_if_interrupt(ex);
     runtime::counters().replay_dropped += 1;
     run.why = "its replay failed: " + ir::message_of(ex);
     return std::nullopt;

@@ -72,11 +72,11 @@ namespace {
 // does not (as far as is known: a capture that fails still says why).
 std::optional<std::string> host_read_of(const ir::Node& n) {
   // By name without the overload: linear algebra that checks its result
-  // (_linalg_check_errors, a sync on CUDA) and ops whose result's size
-  // depends on values.
+  // (_linalg_check_errors, a sync on CUDA), and ops that read values on the
+  // host (their result's size depends on them; matrix_exp's norm).
   // (linalg_cholesky and linalg_inv replay unchecked: unchecked_call_of.)
   static const std::unordered_set<std::string_view> checking = {
-      "aten::cholesky", "aten::inverse", "aten::linalg_solve",
+      "aten::cholesky", "aten::inverse", "aten::cholesky_inverse", "aten::linalg_solve",
       "aten::linalg_lu_factor", "aten::linalg_ldl_factor", "aten::linalg_eigh", "aten::linalg_eigvalsh",
       "aten::_linalg_eigh", "aten::linalg_eig", "aten::linalg_eigvals", "aten::linalg_svd", "aten::linalg_svdvals",
       "aten::_linalg_svd", "aten::svd", "aten::linalg_pinv", "aten::linalg_matrix_rank", "aten::linalg_lstsq",
@@ -84,7 +84,7 @@ std::optional<std::string> host_read_of(const ir::Node& n) {
   static const std::unordered_set<std::string_view> sized_by_values = {
       "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
       "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount", "aten::repeat_interleave",
-      "aten::_local_scalar_dense", "aten::item"};
+      "aten::_local_scalar_dense", "aten::item", "aten::linalg_matrix_exp"};
   const std::string_view name = n.name.substr(0, n.name.find('.'));
   if (checking.count(name)) return std::string("checks its result on the host");
   if (sized_by_values.count(name)) return std::string("reads values on the host");
@@ -183,15 +183,17 @@ ir::NodePtr unchecked_call_of(const ir::Node& n) {
 }
 
 void raise_failed_checks(const Recording& r) {
-  for (const auto& check : r.checks) {
-    const auto n = static_cast<int64_t>(check.codes.nbytes() / sizeof(int32_t));
-    if (n == 0) continue;
-    const at::Tensor codes = byte_view(check.codes, check.codes.nbytes()).view(at::kInt).to(at::kCPU);
-    const int32_t* code = codes.data_ptr<int32_t>();
-    for (int64_t k = 0; k < n; ++k)
-      TORCH_CHECK(code[k] == 0, "mgpu: ", check.node, " failed its check in a replay (error code ", code[k],
+  // Every check's codes in one read from the device (one copy, one sync).
+  std::vector<at::Tensor> codes;
+  for (const auto& check : r.checks)
+    codes.push_back(byte_view(check.codes, check.codes.nbytes()).view(at::kInt));
+  if (codes.empty()) return;
+  const at::Tensor all = (codes.size() == 1 ? codes[0] : at::cat(codes)).to(at::kCPU);
+  const int32_t* code = all.data_ptr<int32_t>();
+  for (size_t c = 0; c < r.checks.size(); ++c)
+    for (int64_t k = 0; k < codes[c].numel(); ++k, ++code)
+      TORCH_CHECK(*code == 0, "mgpu: ", r.checks[c].node, " failed its check in a replay (error code ", *code,
                   "): the graph runs anew");
-  }
 }
 
 size_t Recording::pool_bytes() const {
@@ -337,7 +339,7 @@ void issue_in_order(const Recording& r, std::vector<std::optional<c10::Event>>& 
         const Recording::Step& step = lane[next[l]];
         const auto ev = static_cast<size_t>(step.event);
         if (step.kind == Recording::Step::Kind::Wait && !recorded[ev]) break;
-        if (step.kind == Recording::Step::Kind::Call && issuing) *issuing = step.name;
+        if (issuing) *issuing = step.kind == Recording::Step::Kind::Call ? step.name : std::string();
         queue_step(step, place, events);
         if (step.kind == Recording::Step::Kind::Record) recorded[ev] = 1;
       }
@@ -433,8 +435,10 @@ std::shared_ptr<Captured> capture(const Recording& r, std::string& why_not) {
   for (size_t l = 0; l < on.places.size(); ++l)
     if (!on.lanes[l].empty()) on.places[l].stream = capture_stream(out->device, l + 1);
   // This run's results, on those streams (which finish it before it
-  // returns: the inputs' copies, queued before, are done too).
+  // returns: the inputs' copies, queued before, are done too), its checks
+  // passed (else nothing is captured).
   replay_from_one_thread(on);
+  raise_failed_checks(on);
   const c10::cuda::CUDAStream origin(capture_stream(out->device, 0));
   c10::cuda::CUDAStreamGuard stream_guard(origin);
   // Thread-local: other threads may allocate and synchronize meanwhile; the
