@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -44,6 +45,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def spawn_worker(cmd, env):
+    """A worker process whose output goes to a file of its own (read with
+    output_of): a pipe that nobody reads until the controller is done could
+    fill, and block the worker the controller waits for."""
+    log = tempfile.TemporaryFile(mode="w+")
+    w = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    w.log = log
+    return w
+
+
+def output_of(w):
+    w.log.seek(0)
+    return w.log.read()
+
+
 def start_world(program, world=2, worker_env=None, controller_env=None):
     """Starts the workers and the controller running `program` (after
     PRELUDE); returns (controller, [workers])."""
@@ -53,8 +69,7 @@ def start_world(program, world=2, worker_env=None, controller_env=None):
     workers = []
     for r in range(1, world):
         env = dict(base, RANK=str(r), **(worker_env or {}).get(r, {}))
-        workers.append(subprocess.Popen([PY, "-m", "torch_mgpu.worker"], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True))
+        workers.append(spawn_worker([PY, "-m", "torch_mgpu.worker"], env))
     env = dict(base, RANK="0", WORKER_PIDS=",".join(str(w.pid) for w in workers), **(controller_env or {}))
     code = PRELUDE + textwrap.dedent(program)
     controller = subprocess.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -85,7 +100,7 @@ def run_world(program, world=2, **kw):
     out = finish(controller, workers)
     assert controller.returncode == 0 and "DONE" in out, out
     for w in workers:
-        assert w.returncode == 0, w.stdout.read()
+        assert w.returncode == 0, output_of(w)
     return out
 
 
@@ -397,8 +412,9 @@ def test_a_worker_whose_controller_dies_exits_by_itself():
     out = finish(controller, workers, timeout=120)
     assert "DONE" in out, out
     workers[0].wait(timeout=60)
-    assert workers[0].returncode == 1, workers[0].stdout.read()
-    assert "went away" in workers[0].stdout.read()
+    said = output_of(workers[0])
+    assert workers[0].returncode == 1, said
+    assert "went away" in said, said
 
 
 def test_results_of_steps_that_also_export_come_back():
@@ -633,9 +649,8 @@ def test_two_hosts_in_network_namespaces(two_hosts):
     (a, b), (ia, ib) = two_hosts["hosts"], two_hosts["ifaces"]
     base = dict(os.environ, MASTER_ADDR=two_hosts["addr"], MASTER_PORT="29611", WORLD_SIZE="2",
                 TORCH_DEVICE_BACKEND_AUTOLOAD="0", OMP_NUM_THREADS="1", TORCH_MGPU_REMOTE_TIMEOUT="30")
-    worker = subprocess.Popen(["ip", "netns", "exec", b, PY, "-m", "torch_mgpu.worker"],
-                              env=dict(base, RANK="1", GLOO_SOCKET_IFNAME=ib), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    worker = spawn_worker(["ip", "netns", "exec", b, PY, "-m", "torch_mgpu.worker"],
+                          dict(base, RANK="1", GLOO_SOCKET_IFNAME=ib))
     code = PRELUDE + textwrap.dedent("""
         import socket
         torch_mgpu.configure(devices=["rank1:cpu"])
@@ -651,7 +666,7 @@ def test_two_hosts_in_network_namespaces(two_hosts):
                                   stderr=subprocess.STDOUT, text=True)
     out = finish(controller, [worker])
     assert controller.returncode == 0 and "DONE" in out, out
-    assert worker.returncode == 0, worker.stdout.read()
+    assert worker.returncode == 0, output_of(worker)
 
 
 def test_simulate_plans_for_several_hosts():
