@@ -117,12 +117,16 @@ def run_case(case, device, streams, with_compile, quick=False):
             variants["reduce-overhead"] = (lambda: (reduced(*phys_in), sync(device)), nothing)
     mg_in = case.make("mgpu")
     plans, replays = {}, {}
+    compile_hits = torch_mgpu._C._tier_compile_hits()
     for s in streams:
         for replay in (False, True):
             def configure(s=s, replay=replay):
-                torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s)
                 # Replay of the hot graph after 2 syncs, every run (no
-                # trial): on a GPU's streams a CUDA graph launch.
+                # trial): on a GPU's streams a CUDA graph launch. Tier 1
+                # off there: replay runs the graph, and its compiles would
+                # only take the lent machine's minutes.
+                torch_mgpu.configure(devices=physical_devices(device), lanes_per_device=s,
+                                     compile=0 if replay else compile_hits)
                 torch_mgpu._C._set_replay_hits(2 if replay else 0)
                 torch_mgpu._C._set_replay_trial(False)
 
@@ -164,6 +168,7 @@ def run_case(case, device, streams, with_compile, quick=False):
             finally:
                 torch_mgpu._C._set_replay_hits(hits)
                 torch_mgpu._C._set_replay_trial(trial)
+    torch_mgpu.configure(compile=compile_hits)  # as it was (the replay variants turn tier 1 off)
     pred = {s: statistics.median(p for p, _, _ in plans[s]) for s in streams}
     meas = {s: statistics.median(m for _, m, _ in plans[s]) for s in streams}
     lanes = {s: max(l for _, _, l in plans[s]) for s in streams}
