@@ -8,6 +8,8 @@
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 
 #ifdef TORCH_MGPU_USE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -153,29 +155,22 @@ ir::NodePtr unchecked_call_of(const ir::Node& n) {
   if (n.kind != ir::NodeKind::Op || n.outputs.size() != 1 || n.outputs[0].mutated_operand >= 0) return nullptr;
   for (const auto& u : kUnchecked) {
     if (n.name != u.op) continue;
-    static const c10::OperatorHandle cholesky_ex =
-        c10::Dispatcher::singleton().findSchemaOrThrow("aten::linalg_cholesky_ex", "");
-    static const c10::OperatorHandle inv_ex = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linalg_inv_ex", "");
+    const ir::TensorGeometry& result = n.outputs[0].geom;
+    if (result.sizes.size() < 2) return nullptr;
     ir::NodePtr c = call_of(n);
     c->name = ir::intern(u.unchecked);
-    c->op = u.unchecked == "aten::linalg_cholesky_ex" ? cholesky_ex : inv_ex;
+    c->op = c10::Dispatcher::singleton().findSchemaOrThrow(u.unchecked.data(), "");
     ir::Arg no_check;
     no_check.constant = false;
     c->args.push_back(std::move(no_check));
-    // The error codes: int32, one per matrix of the batch.
-    const ir::TensorGeometry& result = n.outputs[0].geom;
-    if (result.sizes.size() < 2) return nullptr;
+    // The error codes: int32, one per matrix of the batch, contiguous.
     ir::Output codes;
     codes.returned = 1;
     codes.geom.dtype = c10::ScalarType::Int;
     codes.geom.sizes.assign(result.sizes.begin(), result.sizes.end() - 2);
-    codes.geom.strides.resize(codes.geom.sizes.size());
-    int64_t numel = 1;
-    for (size_t d = codes.geom.sizes.size(); d-- > 0;) {
-      codes.geom.strides[d] = numel;
-      numel *= codes.geom.sizes[d];
-    }
-    codes.nbytes = static_cast<size_t>(numel) * sizeof(int32_t);
+    const auto strides = c10::contiguous_strides(codes.geom.sizes);
+    codes.geom.strides.assign(strides.begin(), strides.end());
+    codes.nbytes = static_cast<size_t>(c10::multiply_integers(codes.geom.sizes)) * sizeof(int32_t);
     c->outputs.push_back(codes);
     return c;
   }
