@@ -121,7 +121,7 @@ TIER1_HITS = 2  # configure(compile=...) for the tier-1 variant
 
 # How the default column's runs ran: graphs run (syncs and background
 # flights) and those of them that ran compiled code (tier 1).
-DEFAULT_WAY = {"graphs": 0, "tier1": 0}
+DEFAULT_WAY = {"graphs": 0, "tier1": 0, "at_call": 0, "runs": 0}
 
 
 def default_enter():
@@ -133,26 +133,37 @@ def default_leave():
     s, b = torch_mgpu.stats(), DEFAULT_WAY.pop("before")
     DEFAULT_WAY["graphs"] += (s["syncs"] - b["syncs"]) + (s["background_flushes"] - b["background_flushes"])
     DEFAULT_WAY["tier1"] += s["tier1_runs"] - b["tier1_runs"]
+    DEFAULT_WAY["at_call"] += s["at_call_traces"] - b["at_call_traces"]
+    DEFAULT_WAY["runs"] += 1
 
 
 def default_way():
-    """`tier 1 a/b`: of the b graphs the default column's runs ran, a ran
-    compiled code; `tier 0` where none did."""
+    """`at the call a/b`: of the b runs of the default column, a ran their
+    ops at the call (engine/at_call.h; `trace_choices()` says which way:
+    with the caller's threads or one); `tier 1 a/b`: of the b graphs the
+    lazy runs synced, a ran compiled code; `tier 0` where none did."""
     g, t1 = DEFAULT_WAY["graphs"], DEFAULT_WAY["tier1"]
-    return f"tier 1 {t1}/{g}" if t1 else "tier 0"
+    lazy = f"tier 1 {t1}/{g}" if t1 else "tier 0" if g else ""
+    at_call = DEFAULT_WAY["at_call"]
+    if not at_call:
+        return lazy or "tier 0"
+    ways = sorted({t["way"] for t in torch_mgpu.trace_choices() if t["way"] != "lazy"})
+    one = " (one thread)" if ways == ["at the call, one thread"] else ""
+    return f"at the call{one} {min(at_call, DEFAULT_WAY['runs'])}/{DEFAULT_WAY['runs']}" + (f"; {lazy}" if lazy else "")
 
 
 def tier1_enter():
     # Tier 1 runs foreground syncs only: background execution off, so that
     # a workload is one graph per sync.
-    tier1_enter.saved = torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits()
+    # The lazy way's tier 1: no trace runs at the call.
+    tier1_enter.saved = torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits(), torch_mgpu._C._at_call()
     torch_mgpu.set_async_ops(0)
-    torch_mgpu.configure(compile=TIER1_HITS)
+    torch_mgpu.configure(compile=TIER1_HITS, at_call="off")
 
 
 def tier1_leave():
-    saved_async, saved_hits = tier1_enter.saved
-    torch_mgpu.configure(compile=saved_hits)  # the default's (on) for the mgpu column
+    saved_async, saved_hits, saved_at_call = tier1_enter.saved
+    torch_mgpu.configure(compile=saved_hits, at_call=saved_at_call)  # the default's for the mgpu column
     torch_mgpu.set_async_ops(saved_async)
 
 
@@ -191,15 +202,26 @@ def prepare_tier1(case, mg_in):
 
 def settle_default(case, mg_in):
     """Runs the workload in the default configuration (tier 1 on, background
-    flights) until no compile is pending after a run (untimed): the timed
+    flights, traces tried at the call) until no compile is pending after a
+    run and every repeated trace has chosen its way (untimed): the timed
     runs of the `mgpu` column then meet the steady state a loop reaches,
-    not the compile thread at work. Nothing where tier 1 is off."""
-    if not torch_mgpu._C._tier_compile_hits():
+    not the compile thread at work nor a trial."""
+    if torch_mgpu._C._tier_compile_hits():
+        for k in range(TIER1_HITS + 14):
+            mgpu_sync(case.fn(*mg_in))
+            if k >= TIER1_HITS - 1 and not torch_mgpu.wait_for_compiles(600):
+                return
+    if torch_mgpu._C._at_call() != "auto":
         return
-    for k in range(TIER1_HITS + 14):
-        mgpu_sync(case.fn(*mg_in))
-        if k >= TIER1_HITS - 1 and not torch_mgpu.wait_for_compiles(600):
+    runs = {t["trace"]: t["runs"] for t in torch_mgpu.trace_choices()}
+    mgpu_sync(case.fn(*mg_in))
+    for _ in range(60):
+        # The workload's traces: those that ran since.
+        ours = [t for t in torch_mgpu.trace_choices() if t["runs"] > runs.get(t["trace"], 0)]
+        if all(t["state"] == "chosen" for t in ours):
             return
+        runs = {t["trace"]: t["runs"] for t in torch_mgpu.trace_choices()}
+        mgpu_sync(case.fn(*mg_in))
 
 
 def tier1_way(plan):
@@ -289,13 +311,14 @@ def run_case(case, quick):
             except Exception as e:  # report, do not hide
                 res[key + "_error"] = f"{type(e).__name__}: {str(e)[:80]}"
     saved_async, saved_hits = torch_mgpu.async_ops(), torch_mgpu._C._tier_compile_hits()
+    saved_at_call = torch_mgpu._C._at_call()
     if capture_only:
         # Time the recording only: the sync runs untimed after each run (and
         # no flight runs during it: background execution is off; nor a
         # compile: tier 1 is off).
         recorded = []
         torch_mgpu.set_async_ops(0)
-        torch_mgpu.configure(compile=0)
+        torch_mgpu.configure(compile=0, at_call="off")
 
         def sync_recorded():
             torch_mgpu.synchronize()
@@ -304,7 +327,7 @@ def run_case(case, quick):
     else:
         variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), default_enter, default_leave)
         settle_default(case, mg_in)
-        DEFAULT_WAY.update(graphs=0, tier1=0)
+        DEFAULT_WAY.update(graphs=0, tier1=0, at_call=0, runs=0)
         if not quick:
             res.update(prepare_tier1(case, mg_in))
             if "tier1" in res:
@@ -314,7 +337,7 @@ def run_case(case, quick):
         res.update(measure_interleaved(variants, case.reps))
     finally:
         torch_mgpu.set_async_ops(saved_async)
-        torch_mgpu.configure(compile=saved_hits)
+        torch_mgpu.configure(compile=saved_hits, at_call=saved_at_call)
     if not capture_only:
         res["default_way"] = default_way()
     # The last plan of each timed (and warm-up) run: predicted / measured makespan.
@@ -328,6 +351,7 @@ def run_case(case, quick):
         # (twice: the second run's plan is the cached one, as in a loop).
         saved_async = torch_mgpu.async_ops()
         torch_mgpu.set_async_ops(0)
+        torch_mgpu.configure(at_call="off")  # the workload recorded, to be simulated
         for _ in range(2):
             before = torch_mgpu.stats()
             out = case.fn(*mg_in)
@@ -339,6 +363,7 @@ def run_case(case, quick):
             torch_mgpu.synchronize()
             del out
         torch_mgpu.set_async_ops(saved_async)
+        torch_mgpu.configure(at_call=saved_at_call)
         if fallbacks == 0:
             res["simulated"] = {"median": sim.makespan, "min": sim.makespan, "max": sim.makespan,
                                 "peak_mib": float("nan")}

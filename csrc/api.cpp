@@ -3,6 +3,7 @@
 #include <c10/core/DeviceType.h>
 
 #include "capture/lazy_tensor.h"
+#include "engine/at_call.h"
 #include "engine/engine.h"
 #include "ir/node.h"
 #include "runtime/host_cache.h"
@@ -17,7 +18,10 @@ void init() {
               c10::get_privateuse1_backend(), "'; another PrivateUse1 backend was loaded first");
 }
 
-void synchronize() { engine::sync_all(); }
+void synchronize() {
+  engine::at_call::ProgramRead read;
+  engine::sync_all();
+}
 
 int64_t pending_ops() { return ir::pending_op_count(); }
 

@@ -1,4 +1,5 @@
 import contextlib
+import os
 
 import pytest
 import torch
@@ -50,6 +51,14 @@ def pin_reference_model():
 
 
 pin_reference_model()
+
+# Running a repeated trace at its call is a choice by measured time (on by
+# default, "auto"): a test that runs a loop and asserts what the lazy path
+# did (plans, tiers, flights) would follow the machine's load. Tests record
+# lazily unless TORCH_MGPU_AT_CALL says otherwise; test_at_call.py sets
+# each mode it tests.
+if "TORCH_MGPU_AT_CALL" not in os.environ:
+    torch_mgpu._C._set_at_call("off")
 
 
 @pytest.fixture

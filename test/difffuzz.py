@@ -107,6 +107,9 @@ class Config:
     # graphs are compiled (waited for) and the third run calls the compiled
     # code, with no trial against tier 0 (it would run tier 0 in turns).
     tier1: bool = False
+    # Every op at its call (configure(at_call="on")): eager's kernels from
+    # the calls, no recording.
+    at_call: bool = False
     # Floating values compare within assert_close's tolerances for their
     # dtype, or these where they are looser (compiled code rounds otherwise:
     # a batch norm over equal values gives 0 where eager gives 2e-5).
@@ -119,6 +122,7 @@ class Config:
                  f"torch_mgpu.set_async_ops({self.async_ops})"]
         if self.tier1:
             lines += ["torch_mgpu.configure(compile=1)", "torch_mgpu._C._set_tier_trial(False)"]
+        lines.append(f"torch_mgpu.configure(at_call={'on' if self.at_call else 'off'!r})")
         return lines
 
     def warm_up_lines(self, indent=""):
@@ -139,9 +143,10 @@ CONFIGS = (
     Config("2 lanes heft", ("cpu",), 2, policy="heft"),
     Config("2 virtual devices", ("cpu", "cpu"), 1, policy="heft"),
     Config("2 lanes, flights of 3", ("cpu",), 2, async_ops=3),
+    Config("at the call", ("cpu",), 2, at_call=True),
 )
 # Not among the defaults: each program's graphs are compiled by inductor
-# (seconds each). `--configs 4`.
+# (seconds each). `--configs 5`.
 TIER1_WARM_UP = 2
 TIER1 = Config("tier 1, 2 lanes", ("cpu",), 2, tier1=True, rtol=1e-4, atol=1e-4)
 ALL_CONFIGS = CONFIGS + (TIER1,)
@@ -154,6 +159,7 @@ def configured(cfg):
     error mgpu defers, in a program) are dropped."""
     saved, saved_async = torch_mgpu.configuration(), torch_mgpu.async_ops()
     saved_hits, saved_trial = torch_mgpu._C._tier_compile_hits(), torch_mgpu._C._tier_trial()
+    saved_at_call = torch_mgpu._C._at_call()
     saved_tolerance = dict(TOLERANCE)
     torch_mgpu.synchronize()
     try:
@@ -166,6 +172,7 @@ def configured(cfg):
             torch_mgpu._C._set_tier_trial(False)
         else:
             torch_mgpu.configure(compile=0)  # tier 0: eager's values bit for bit
+        torch_mgpu.configure(at_call="on" if cfg.at_call else "off")
         yield
     finally:
         with contextlib.suppress(Exception):
@@ -173,6 +180,7 @@ def configured(cfg):
         if cfg.tier1:
             torch_mgpu.wait_for_compiles(600)
         torch_mgpu._C._set_tier_trial(saved_trial)
+        torch_mgpu._C._set_at_call(saved_at_call)
         torch_mgpu.configure(compile=saved_hits)
         torch_mgpu.configure(**saved)
         TOLERANCE.update(saved_tolerance)

@@ -62,6 +62,7 @@ BAD_VALUES = [
     ("TORCH_MGPU_SYNC", "sometimes", "TORCH_MGPU_SYNC: unknown value 'sometimes' (expected one of graph, op)"),
     ("TORCH_MGPU_FULL_PROBE_NUMEL", "", "TORCH_MGPU_FULL_PROBE_NUMEL='' is not an integer of at least 0"),
     ("TORCH_MGPU_COMPILE_CHOICE", "best", "TORCH_MGPU_COMPILE_CHOICE: unknown value 'best'"),
+    ("TORCH_MGPU_AT_CALL", "sometimes", "TORCH_MGPU_AT_CALL: unknown value 'sometimes' (expected one of auto, on, off)"),
     ("TORCH_MGPU_REMOTE_TIMEOUT", "-1", "TORCH_MGPU_REMOTE_TIMEOUT must be a positive number of seconds, got '-1'"),
     ("TORCH_MGPU_NETWORK_GBPS", "fast", "TORCH_MGPU_NETWORK_GBPS must be a positive number of GB/s, got 'fast'"),
     ("TORCH_MGPU_NETWORK_LATENCY_US", "0", "TORCH_MGPU_NETWORK_LATENCY_US must be a positive number of us, got '0'"),

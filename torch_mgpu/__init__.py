@@ -67,6 +67,18 @@ def compile_choices() -> list:
     return choices()
 
 
+def trace_choices() -> list:
+    """How each repeated trace runs (the ops a program calls between two of
+    its reads: a sync, a copy to the host, `item()`): one dict per trace, the
+    most recently run first, with `trace` (its hash), `ops`, `runs`, `way`
+    ("lazy": recorded and run at the read, tier 0 or 1; "at the call": each
+    op's CPU kernel from its call, as eager; "at the call, one thread"),
+    `state` ("watched" until it is tried, "on trial", "chosen"), the medians
+    of its last trial per way (`medians_s`, in the order lazy, at the call,
+    one thread) and `why`. See configure(at_call=...)."""
+    return _C._trace_choices()
+
+
 def synchronize() -> None:
     """Run every pending op. Raises the first error an op raised."""
     _C.synchronize()
@@ -90,7 +102,7 @@ def empty_cache() -> None:
     _C.empty_cache()
 
 
-def configure(devices=None, lanes_per_device=None, policy=None, compile=None) -> None:
+def configure(devices=None, lanes_per_device=None, policy=None, compile=None, at_call=None) -> None:
     """Sets where pending graphs run, and how.
 
     devices: ["cpu"] (one device, its lanes are worker threads), ["cpu", "cpu"]
@@ -109,8 +121,15 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
     the background, and later syncs of it run the compiled code when it
     measures faster; False or 0 turns it off (results bitwise equal to
     eager's).
+    at_call: how a repeated trace runs (the ops between two reads of the
+    program's values): "auto" (the default) tries the lazy way against
+    running each op at its call, as eager does (with the caller's intra-op
+    threads, or with one), and keeps the faster, tried again from time to
+    time; True or "on" runs every op at its call; False or "off" records
+    every op. Only on host lanes (CUDA lanes record). `trace_choices()` says
+    how each trace runs.
     Environment: TORCH_MGPU_DEVICES="cpu,cpu", TORCH_MGPU_LANES, TORCH_MGPU_POLICY,
-    TORCH_MGPU_COMPILE (a hit count, "on" or "off").
+    TORCH_MGPU_COMPILE (a hit count, "on" or "off"), TORCH_MGPU_AT_CALL.
     """
     if isinstance(devices, str):
         devices = [devices]
@@ -125,7 +144,9 @@ def configure(devices=None, lanes_per_device=None, policy=None, compile=None) ->
         torch.cuda.init()
     if compile is not None:
         _tiers.set_compile(compile)
-    if compile is None or devices is not None or lanes_per_device is not None or policy is not None:
+    if at_call is not None:
+        _C._set_at_call(("on" if at_call else "off") if isinstance(at_call, bool) else str(at_call))
+    if (compile is None and at_call is None) or devices is not None or lanes_per_device is not None or policy is not None:
         _C.configure(devs, int(lanes_per_device) if lanes_per_device is not None else 0, policy or "")
 
 
@@ -239,6 +260,7 @@ __all__ = [
     "empty_cache",
     "last_plan",
     "compile_choices",
+    "trace_choices",
     "Plan",
     "max_pending_ops",
     "set_max_pending_ops",

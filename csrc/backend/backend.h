@@ -39,6 +39,9 @@ bool takes_over_composite(const c10::OperatorHandle& op);
 // data-dependent output shapes or non-tensor results), rebinding mutated
 // inputs and wrapping tensor results as mgpu tensors.
 void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The same for an op of a trace that runs at its call (engine/at_call.h),
+// with one intra-op thread where `one_thread`.
+void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread);
 
 // Records (on mgpu inputs) or runs (on CPU / CUDA inputs) a compiled
 // partition: the op torch_mgpu::partition.

@@ -1,13 +1,16 @@
 // Ops that cannot be recorded run now on CPU: ops with no Meta kernel, ops
 // whose output shape depends on data (nonzero, masked_select), ops that
-// return Python numbers (item). Also the copies between mgpu and the host.
+// return Python numbers (item); and every op of a trace that runs at its
+// call (engine/at_call.h). Also the copies between mgpu and the host.
 #include "backend/backend.h"
 #include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/random.h"
+#include "engine/at_call.h"
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
+#include "runtime/run_node.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
@@ -16,14 +19,23 @@
 
 namespace torch_mgpu::backend {
 
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+namespace {
+
+// Runs `op` now on the CPU (see eager_fallback), with one intra-op thread
+// where `one_thread`. Random ops draw as their recording would: a
+// Generator argument (given or not) becomes a CPU generator seeded from the
+// mgpu one, and an op that draws from the default generator runs with it
+// seeded from the mgpu one, so that a seed gives the same numbers whether a
+// trace runs at its call or lazily.
+void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread) {
   capture::StateLock lock;
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   capture::type_tensor_lists(schema, stack);
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
   capture::check_same_device(op, args);
-  if (schema.name() != "aten::_local_scalar_dense") runtime::counters().eager_fallbacks++;
+  std::optional<uint64_t> seed;
+  if (capture::draws_from_default_generator(op, args)) seed = capture::draw_seed(std::nullopt);
 
   // CPU bytes per mgpu storage; written storages get a private copy so that
   // an op that raises half-way leaves the mgpu tensor as it was.
@@ -72,6 +84,9 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       v = c10::Device(c10::kCPU);
     } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
       v = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(v.toGenerator()));
+    } else if (v.isNone() && a.type()->kind() == c10::TypeKind::OptionalType &&
+               a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType) {
+      v = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(std::nullopt));
     } else {
       v = capture::map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
     }
@@ -80,7 +95,10 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::Stack s(args.begin(), args.end());
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.callBoxed(&s);
+    std::optional<runtime::ScopedParallelism> threads;
+    if (one_thread) threads.emplace(1);
+    if (seed) runtime::call_seeded(op, s, *seed, c10::Device(c10::kCPU));
+    else op.callBoxed(&s);
   }
 
   // Bind written storages to their new bytes, with any new geometry.
@@ -113,6 +131,18 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       stack->push_back(v);
     }
   }
+}
+
+} // namespace
+
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.schema().name() != "aten::_local_scalar_dense") runtime::counters().eager_fallbacks++;
+  run_now(op, stack, /*one_thread=*/false);
+}
+
+void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread) {
+  runtime::counters().at_call_ops++;
+  run_now(op, stack, one_thread);
 }
 
 namespace {
@@ -151,6 +181,7 @@ at::Tensor& mgpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blockin
     return self;
   }
   TORCH_CHECK(capture::is_mgpu(src), "mgpu: copy_ reached the mgpu backend with no mgpu tensor");
+  engine::at_call::ProgramRead read;  // a copy to the host reads the program's values
   c10::Storage data = engine::materialize(src.storage());
   runtime::counters().bytes_transferred += src.nbytes();
   // One thread: an OpenMP team woken here would spin on the cores the lanes

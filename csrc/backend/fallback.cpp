@@ -9,6 +9,7 @@
 #include "capture/arguments.h"
 #include "capture/borrowed_args.h"
 #include "capture/capture.h"
+#include "engine/at_call.h"
 #include "engine/engine.h"
 #include "ir/call_state.h"
 
@@ -56,6 +57,8 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
                  capture::BorrowedArgs* borrowed) {
   capture::StateLock lock;
   const capture::OpInfo& info = capture::prepare_call(op, stack);
+  // Counted into the program's trace, which runs lazily or at its calls.
+  const auto way = engine::at_call::on_call(&op.schema());
   const bool sync_now = sync_each_op();
   // A graph runs under one set of settings, those its ops were called with:
   // where the program changed them (torch.set_default_dtype, ...) with ops
@@ -71,7 +74,16 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   }
   if (capture::runs_eagerly(info)) {
     if (borrowed) borrowed->own();
+    engine::at_call::ProgramRead read;  // it reads values: the trace ends with it
     eager_fallback(op, stack);
+    return;
+  }
+  // At the call: the CPU kernel now, as eager runs it. Not a copy from the
+  // host (eager's device check would refuse its host tensor: it is
+  // recorded), nor bytes mgpu did not make (they cannot run eagerly).
+  if (way != engine::at_call::Way::Lazy && !cpu_as_meta && !has_foreign_storage(op, *stack)) {
+    if (borrowed) borrowed->own();
+    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread);
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));

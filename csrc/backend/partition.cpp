@@ -7,6 +7,7 @@
 // ATen op: it is recorded as one node, planned and run on a lane.
 #include "backend/backend.h"
 #include "capture/capture.h"
+#include "engine/at_call.h"
 #include "engine/engine.h"
 #include "ir/partition.h"
 #include "runtime/place.h"
@@ -68,6 +69,7 @@ at::Tensor alias_tensor(const at::Tensor& t) {
 
 at::Tensor value_view(const at::Tensor& t, c10::Device device) {
   TORCH_CHECK(capture::is_mgpu(t), "mgpu: value_view takes an mgpu tensor, got one on ", t.device());
+  engine::at_call::ProgramRead read;
   c10::Storage host = engine::materialize(t.storage());
   if (device.is_cpu()) return runtime::view(host, capture::geometry_of(t));
   c10::Storage on;

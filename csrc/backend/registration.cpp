@@ -3,6 +3,7 @@
 // libtorch_mgpu loads, so C++ users get the device with no Python.
 #include "backend/backend.h"
 #include "capture/capture.h"
+#include "engine/at_call.h"
 #include "engine/engine.h"
 #include "capture/lazy_tensor.h"
 #include "capture/random.h"
@@ -98,12 +99,16 @@ struct MgpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   // Waiting for the device (torch.accelerator.synchronize(), a stream's or an
   // event's synchronize()) runs what is pending and raises its first error,
   // as torch_mgpu.synchronize() does: on mgpu, work is done when it has run.
-  void synchronizeStream(const c10::Stream& stream) const override { engine::sync_all(); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    engine::at_call::ProgramRead read;
+    engine::sync_all();
+  }
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) as_event(event)->synchronize();
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     capture::check_device_index(device_index);
+    engine::at_call::ProgramRead read;
     engine::sync_all();
   }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}

@@ -24,6 +24,11 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // shapes, non-tensor results).
 bool runs_eagerly(const OpInfo& info);
 
+// Whether a call of `op` draws from the device's default generator with no
+// Generator argument (native_dropout; not attention with a dropout of 0):
+// its recording, or its run at the call, seeds it from the mgpu generator.
+bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
 // Whether the op's kernels never read the float32 matmul precision: an
 // elementwise op (ATen's `pointwise` tag) multiplies no matrices.
 bool ignores_matmul_precision(const OpInfo& info);

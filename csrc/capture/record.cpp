@@ -339,6 +339,11 @@ void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, 
 
 } // namespace
 
+bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  return !has_generator_arg(op.schema()) && op.hasTag(at::Tag::nondeterministic_seeded) &&
+      !draws_nothing(op.schema(), args);
+}
+
 // The phases: the call's signature (the cache key), what it returns and
 // writes (infer_call), the node and its inputs (node_for), its outputs
 // (outputs_of), then, once the node is complete and hashed, the commit and

@@ -1,5 +1,6 @@
 // Where graphs run: the lanes (from the environment, then configure()), the
 // cost model measured once per process, and the stream sanitizer's switch.
+#include "engine/at_call.h"
 #include "engine/config.h"
 #include "engine/replays.h"
 #include "ir/env.h"
@@ -305,6 +306,7 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   c.lanes = std::move(next);
   c.plans.clear();
   clear_replays();  // recordings hold the lanes' places
+  at_call::forget();  // the ways were measured on the lanes before
 }
 
 void start_stream_sanitizer() {

@@ -8,6 +8,7 @@
 #include "ir/fork_order.h"
 #include "capture/state_lock.h"
 #include "engine/events.h"
+#include "engine/at_call.h"
 #include "engine/execution.h"
 
 #include <pthread.h>
@@ -111,6 +112,7 @@ bool Event::query() {
 }
 
 void Event::synchronize() {
+  at_call::ProgramRead read;
   capture::StateLock lock;
   if (done()) return;
   sync_all();  // runs what the event waits for (and what came after): raises its errors

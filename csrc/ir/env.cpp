@@ -30,6 +30,8 @@ const std::vector<VarInfo>& table() {
        "tier 1: the syncs of one graph before it is compiled (on = 2; off = 0: results bitwise eager's)", Kind::Tiers, 0),
       row(Var::CompileChoice, "TORCH_MGPU_COMPILE_CHOICE", "measure",
        "the compile backend's choice between partitions and whole: measure, partitions or whole", Kind::Choice, 0, "", {"measure", "partitions", "whole"}),
+      row(Var::AtCall, "TORCH_MGPU_AT_CALL", "auto",
+       "ops of a repeated trace run at their call (as eager) where that measures faster: auto, on (always, on host lanes) or off", Kind::Choice, 0, "", {"auto", "on", "off"}),
       row(Var::Refine, "TORCH_MGPU_REFINE", "1", "0 turns off refining plans by measured node times", Kind::Switch),
       row(Var::Fusion, "TORCH_MGPU_FUSION", "1", "0 turns off fusing elementwise chains", Kind::Switch),
       row(Var::Caller, "TORCH_MGPU_CALLER", "1", "0 leaves the caller's file:line out of nodes and errors", Kind::Switch),

@@ -20,6 +20,7 @@ enum class Var {
   MaxPending,
   Compile,
   CompileChoice,
+  AtCall,
   Refine,
   Fusion,
   Caller,

@@ -3,7 +3,8 @@
 // of every such choice: tier 1's compiled ways against tier 0
 // (engine/tiers.cpp), a plan over other ranks' lanes against one lane
 // (engine/plan_cache.cpp), a hot graph's replay against its run without it
-// (engine/replays.cpp), and the compile backend's partitions against
+// (engine/replays.cpp), a trace's ops run at their call against its lazy
+// run (engine/at_call.cpp), and the compile backend's partitions against
 // the whole graph (torch_mgpu/compile.py, through _C). Way 0 is the
 // baseline, kept unless a challenger's median measures `margin` times
 // faster. The ways take turns: the challenger called least (ties: the
@@ -23,6 +24,7 @@ constexpr double kCompiled = 1.05;    // tier 1's compiled code against tier 0
 constexpr double kPartitions = 1.05;  // the compile backend's partitions against the whole graph
 constexpr double kOneLane = 1.0;      // one lane against a plan over other ranks' lanes: the faster
 constexpr double kReplay = 1.05;      // a hot graph's replay against its run without it (tier 0 or 1)
+constexpr double kAtCall = 1.02;      // a trace's ops run at their call against its lazy run
 } // namespace margin
 
 // The median of `v` (the upper one of an even count); 0 for none.

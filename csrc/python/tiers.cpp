@@ -2,6 +2,7 @@
 // and its compiled functions back to the engine.
 #include "python/tiers.h"
 
+#include "engine/at_call.h"
 #include "engine/replays.h"
 #include "engine/tiers.h"
 
@@ -123,6 +124,24 @@ void bind_tiers(py::module& m) {
   // (on by default; the replay tests turn it off to replay every time).
   m.def("_replay_trial", &engine::replay_trial);
   m.def("_set_replay_trial", &engine::set_replay_trial);
+  // Running at the call (engine/at_call.h): the setting, and each trace's choice.
+  m.def("_set_at_call", &engine::at_call::set_mode);
+  m.def("_at_call", &engine::at_call::mode);
+  m.def("_trace_choices", [] {
+    py::list out;
+    for (const auto& r : engine::at_call::report()) {
+      py::dict d;
+      d["trace"] = r.trace;
+      d["ops"] = r.ops;
+      d["runs"] = r.runs;
+      d["way"] = r.way;
+      d["state"] = r.state;
+      d["medians_s"] = r.medians_s;
+      d["why"] = r.why;
+      out.append(d);
+    }
+    return out;
+  });
   m.def("_capture_checks", &engine::capture_checks);
   m.def("_set_capture_checks", &engine::set_capture_checks);
   m.def("_replay_pool_limit", [] {

@@ -16,6 +16,9 @@ namespace torch_mgpu::runtime {
   /* plans with lanes on other ranks that measured slower than one lane: their graphs run on one lane */   \
   X(plans_measured_slower)                                                                                  \
   X(eager_fallbacks)                                                                                        \
+  /* ops run at their call (engine/at_call.h), and the traces whose ops ran so */                            \
+  X(at_call_ops)                                                                                            \
+  X(at_call_traces)                                                                                         \
   X(host_nodes) /* nodes of CUDA lanes whose op has no CUDA kernel, run on the host */                      \
   X(bytes_transferred)                                                                                      \
   X(syncs)                                                                                                  \

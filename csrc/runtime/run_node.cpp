@@ -125,6 +125,34 @@ void push_arguments(const ir::Node& n, const std::vector<c10::Storage>& operands
   }
 }
 
+} // namespace
+
+void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t seed, c10::Device device) {
+  // One seeded op at a time; the generator's own mutex is not held while
+  // the op runs, since the op locks it to draw.
+  std::lock_guard<std::mutex> lock(global_generator_mutex());
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  at::Generator saved;
+  {
+    std::lock_guard<std::mutex> glock(gen.mutex());
+    saved = gen.clone();
+    gen.set_current_seed(seed);
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> glock(gen.mutex());
+    gen.set_state(saved.get_state());
+  };
+  try {
+    op.callBoxed(&stack);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+namespace {
+
 // Calls the op's kernel on `stack` as eager would have at the call: below
 // autograd, with the caller's grad mode, no autocast again, no warnings
 // (given at the call), a seeded op's generator seeded and put back.
@@ -139,31 +167,8 @@ void call_kernel(const ir::Node& n, torch::jit::Stack& stack, const Place& place
     // The op's warnings were given at its call (by its Meta kernel or the
     // probe, capture/probe.cpp); a lane has no caller to give them to.
     c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
-    if (n.seed) {
-      // One seeded op at a time; the generator's own mutex is not held while
-      // the op runs, since the op locks it to draw.
-      std::lock_guard<std::mutex> lock(global_generator_mutex());
-      at::Generator gen = at::globalContext().defaultGenerator(place.device);
-      at::Generator saved;
-      {
-        std::lock_guard<std::mutex> glock(gen.mutex());
-        saved = gen.clone();
-        gen.set_current_seed(*n.seed);
-      }
-      auto restore = [&] {
-        std::lock_guard<std::mutex> glock(gen.mutex());
-        gen.set_state(saved.get_state());
-      };
-      try {
-        n.op->callBoxed(&stack);
-      } catch (...) {
-        restore();
-        throw;
-      }
-      restore();
-    } else {
-      n.op->callBoxed(&stack);
-    }
+    if (n.seed) call_seeded(*n.op, stack, *n.seed, place.device);
+    else n.op->callBoxed(&stack);
   }
 }
 

@@ -5,6 +5,8 @@
 #include "runtime/place.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 #include <string>
 #include <vector>
@@ -21,6 +23,12 @@ std::string describe_node(const ir::Node& n);
 // Whether node `n`'s op has a kernel for `place`'s device (a CUDA lane may
 // be given an op recording chose for another device; it runs on the host).
 bool runs_on(const ir::Node& n, const Place& place);
+
+// Calls `op` on `stack` with `device`'s default generator seeded with
+// `seed` for the call and put back after it (ops that draw from it with no
+// Generator argument: a seeded node, or such an op run at its call). One
+// such call at a time.
+void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t seed, c10::Device device);
 
 // Runs one node at `place` (its device, with its stream current). Operand
 // bytes are on that device; `reuse[k]` lets the node write operand k in

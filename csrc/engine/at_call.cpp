@@ -1,0 +1,229 @@
+// Running at the call (engine/at_call.h): the choice per trace, and the
+// trace in progress.
+#include "engine/at_call.h"
+
+#include "capture/state_lock.h"
+#include "engine/execution.h"
+#include "engine/tiers.h"
+#include "ir/env.h"
+#include "runtime/counters.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace torch_mgpu::engine::at_call {
+
+const char* way_name(Way w) {
+  switch (w) {
+    case Way::Lazy:
+      return "lazy";
+    case Way::AtCall:
+      return "at the call";
+    case Way::AtCallOneThread:
+      return "at the call, one thread";
+  }
+  return "?";
+}
+
+ir::Trial Choices::new_trial() const {
+  return ir::Trial(one_thread_ ? 3 : 2, kTrialRuns, ir::margin::kAtCall);
+}
+
+Way Choices::begin(bool may_try) {
+  current_ = Current{};
+  if (!has_last_) return Way::Lazy;
+  const Entry* prev = entries_.peek(last_);
+  if (prev == nullptr || !prev->has_next) return Way::Lazy;
+  Entry* e = entries_.find(prev->next);
+  if (e == nullptr) return Way::Lazy;
+  current_.predicted = true;
+  current_.trace = prev->next;
+  if (e->state == State::Chosen && ++e->since >= e->retry && may_try) {
+    e->state = State::Trial;
+    e->trial = new_trial();
+  }
+  if (e->state == State::Trial && may_try) {
+    current_.trial_way = e->trial.turn();
+    current_.timed = e->trial.call(current_.trial_way);
+    current_.way = static_cast<Way>(current_.trial_way);
+  } else {
+    current_.way = e->state == State::Watched ? Way::Lazy : e->way;
+  }
+  return current_.way;
+}
+
+void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
+  const Current ran = current_;
+  current_ = Current{};
+  if (has_last_)
+    if (Entry* p = entries_.peek(last_)) {
+      p->has_next = true;
+      p->next = trace;
+    }
+  has_last_ = true;
+  last_ = trace;
+  Entry& e = entries_.get(trace);
+  e.ops = ops;
+  ++e.runs;
+  if (e.state == State::Trial && ran.predicted && ran.trace == trace && ran.timed)
+    e.trial.record(ran.trial_way, seconds);
+  if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
+    e.state = State::Trial;
+    e.trial = new_trial();
+  } else if (e.state == State::Trial && e.trial.all_timed()) {
+    decide(e);
+  }
+}
+
+void Choices::decide(Entry& e) {
+  e.medians.clear();
+  for (size_t w = 0; w < e.trial.size(); ++w) e.medians.push_back(e.trial.median_of(w));
+  const Way won = static_cast<Way>(e.trial.choose());
+  e.retry = won == e.way ? std::min(e.retry * 2, kMaxRetry) : kFirstRetry;
+  e.way = won;
+  e.state = State::Chosen;
+  e.since = 0;
+}
+
+void Choices::clear() {
+  entries_.clear();
+  has_last_ = false;
+  current_ = Current{};
+}
+
+std::vector<TraceReport> Choices::report() const {
+  std::vector<TraceReport> out;
+  entries_.for_each([&](const uint64_t& k, const Entry& e) {
+    TraceReport r;
+    r.trace = k;
+    r.ops = e.ops;
+    r.runs = e.runs;
+    r.way = way_name(e.state == State::Watched ? Way::Lazy : e.way);
+    r.state = e.state == State::Watched ? "watched" : e.state == State::Trial ? "on trial" : "chosen";
+    r.medians_s = e.medians;
+    if (e.state == State::Watched) {
+      r.why = "seen " + std::to_string(e.runs) + " times (tried from " + std::to_string(kHotRuns) + ")";
+    } else if (!e.medians.empty()) {
+      r.why = "measured";
+      for (size_t w = 0; w < e.medians.size(); ++w)
+        r.why += std::string(w ? "," : "") + " " + way_name(static_cast<Way>(w)) + " " +
+            std::to_string(static_cast<int64_t>(e.medians[w] * 1e6)) + " us";
+      r.why += " (median of " + std::to_string(kTrialRuns) + ")";
+    } else {
+      r.why = "first trial in progress";
+    }
+    out.push_back(std::move(r));
+  });
+  return out;
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// The trace in progress and every trace's choice. Under the state lock.
+struct Tracer {
+  Choices choices;
+  std::string mode = ir::env::choice(ir::env::Var::AtCall);
+  uint64_t hash = 0;
+  size_t ops = 0;
+  Way way = Way::Lazy;
+  bool started = false;  // `since` is set
+  clock::time_point since;  // the end of the read before the trace
+};
+
+Tracer& tracer() {
+  static auto* t = new Tracer();  // leaked: reads may end during static teardown
+  return *t;
+}
+
+thread_local int read_depth = 0;
+
+constexpr uint64_t kHashSeed = 0x9e3779b97f4a7c15ull;
+
+// Whether the configured lanes run ops on the host: the only lanes whose
+// values an op at its call can read where they lie.
+bool host_lanes() {
+  auto lanes = current_lanes();
+  if (!lanes || lanes->places.empty()) return false;
+  for (const auto& p : lanes->places)
+    if (p.kind != runtime::LaneKind::Host || !p.device.is_cpu()) return false;
+  return true;
+}
+
+// A trial neither starts nor goes on while tier 1 compiles: the lazy way's
+// times would be those of a graph about to change way.
+bool may_try() { return wait_for_compiles(0); }
+
+} // namespace
+
+void set_mode(const std::string& mode) {
+  TORCH_CHECK_VALUE(mode == "auto" || mode == "on" || mode == "off",
+                    "at_call must be 'auto', 'on' or 'off' (or True / False), got '", mode, "'");
+  capture::StateLock lock;
+  auto& t = tracer();
+  t.mode = mode;
+  t.choices.clear();
+}
+
+std::string mode() {
+  capture::StateLock lock;
+  return tracer().mode;
+}
+
+Way on_call(const void* op) {
+  auto& t = tracer();
+  if (t.ops == 0) {
+    if (!t.started) {
+      t.since = clock::now();
+      t.started = true;
+    }
+    t.hash = kHashSeed;
+    if (t.mode == "off" || !host_lanes()) t.way = Way::Lazy;
+    else if (t.mode == "on") t.way = Way::AtCall;
+    else t.way = t.choices.begin(may_try());
+  }
+  t.hash = (t.hash ^ reinterpret_cast<uintptr_t>(op)) * 0x100000001b3ull;
+  t.hash ^= t.hash >> 29;
+  ++t.ops;
+  return t.way;
+}
+
+ProgramRead::ProgramRead() { ++read_depth; }
+
+ProgramRead::~ProgramRead() {
+  if (--read_depth > 0) return;
+  try {
+    capture::StateLock lock;
+    auto& t = tracer();
+    const auto now = clock::now();
+    if (t.ops > 0) {
+      const double seconds = std::chrono::duration<double>(now - t.since).count();
+      if (t.way != Way::Lazy) runtime::counters().at_call_traces++;
+      if (t.mode == "auto") t.choices.end(t.hash, t.ops, seconds, may_try());
+      t.ops = 0;
+      t.way = Way::Lazy;
+    }
+    t.since = now;
+    t.started = true;
+  } catch (...) {
+    // Bookkeeping only: a read that cannot be counted (memory ran out) is
+    // no error of the program's.
+  }
+}
+
+std::vector<TraceReport> report() {
+  capture::StateLock lock;
+  return tracer().choices.report();
+}
+
+void forget() {
+  capture::StateLock lock;
+  auto& t = tracer();
+  t.choices.clear();
+  t.ops = 0;
+  t.way = Way::Lazy;
+}
+
+} // namespace torch_mgpu::engine::at_call

@@ -1,0 +1,127 @@
+#pragma once
+// Running at the call: the way a repeated trace runs when its lazy run
+// measures slower than eager's. A *trace* is the ops a program calls between
+// two of its reads (a sync, a copy to the host, `item()`), in call order,
+// known by a hash of the ops. The lazy way records them and runs them at the
+// read (capture, a sync, tier 0 or 1 on the lanes); the ways at the call run
+// each op's CPU kernel from its call, as eager does (backend/eager.cpp's
+// eager path, no recording and no sync), with the caller's intra-op threads
+// or with one. A trace seen often enough is tried each way in turns
+// (ir::Trial, the lazy way the baseline) and runs the way that measured
+// fastest; the choice is tried again after a number of runs that doubles
+// while it holds. A trace is told at its first op by the trace that last
+// followed the one before it: a loop's traces come in the same order.
+// Only host lanes run ops at the call (CUDA lanes keep their values on the
+// device). docs/EXECUTION.md, "Running at the call".
+#include "ir/lru.h"
+#include "ir/trial.h"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch_mgpu::engine::at_call {
+
+enum class Way : uint8_t { Lazy = 0, AtCall = 1, AtCallOneThread = 2 };
+const char* way_name(Way w);
+
+// A trace seen this many times is tried (runs of the lazy way: tier 1's
+// compile of its graph is queued by then).
+constexpr size_t kHotRuns = 4;
+constexpr size_t kTrialRuns = 3;
+// Runs of the chosen way before it is tried again; doubled (up to
+// kMaxRetry) each time the same way wins again.
+constexpr size_t kFirstRetry = 32;
+constexpr size_t kMaxRetry = 4096;
+
+// What the choice of one trace holds, as stats report it.
+struct TraceReport {
+  uint64_t trace = 0;
+  size_t ops = 0;
+  size_t runs = 0;
+  std::string way;    // "lazy", "at the call", "at the call, one thread"
+  std::string state;  // "watched", "on trial", "chosen"
+  std::vector<double> medians_s;  // per way of its last trial (0 where not timed)
+  std::string why;
+};
+
+// The choices per trace: bookkeeping only (no clock, no lock: the caller
+// times and guards it; tests feed it times).
+class Choices {
+ public:
+  // The ways tried: the lazy way and at the call, and at the call with one
+  // intra-op thread where the caller has more than one.
+  explicit Choices(bool one_thread_way = true) : one_thread_(one_thread_way) {}
+  // A trace begins: the way its ops take (that of the trace predicted to
+  // come). `may_try`: whether a trial may start or go on now.
+  Way begin(bool may_try);
+  // The trace that began ended: `trace` its hash, `ops` its op count,
+  // `seconds` from the read before it to the end of this one.
+  void end(uint64_t trace, size_t ops, double seconds, bool may_try);
+  // Forgets every trace (the lanes changed, or the setting).
+  void clear();
+  std::vector<TraceReport> report() const;
+  // The way the trace now running takes (Lazy before begin()).
+  Way current() const { return current_.way; }
+
+ private:
+  enum class State : uint8_t { Watched, Trial, Chosen };
+  struct Entry {
+    size_t ops = 0;
+    size_t runs = 0;
+    State state = State::Watched;
+    Way way = Way::Lazy;
+    ir::Trial trial;
+    std::vector<double> medians;  // of the last trial
+    size_t since = 0;             // runs of the chosen way since its trial
+    size_t retry = kFirstRetry;   // runs of the chosen way before the next trial
+    bool has_next = false;
+    uint64_t next = 0;  // the trace that followed it last
+  };
+  ir::Trial new_trial() const;
+  void decide(Entry& e);
+  struct Current {
+    bool predicted = false;
+    uint64_t trace = 0;  // the trace predicted
+    Way way = Way::Lazy;
+    size_t trial_way = 0;
+    bool timed = false;  // a timed run of the trial
+  };
+  bool one_thread_;
+  mutable ir::Lru<uint64_t, Entry> entries_{1024};  // report() walks it in use order
+  bool has_last_ = false;
+  uint64_t last_ = 0;
+  Current current_;
+};
+
+// The setting: "auto" (the measured choice, the default), "on" (every call
+// at its call, on host lanes), "off" (the lazy way). TORCH_MGPU_AT_CALL or
+// configure(at_call=...). Under the state lock.
+void set_mode(const std::string& mode);
+std::string mode();
+
+// A call about to be recorded (backend::record_call, under the state lock):
+// counts it into the trace and says how it runs. `op` names the op (its
+// schema's address).
+Way on_call(const void* op);
+
+// A read of the program's values (a sync, a copy to the host, an op that
+// runs eagerly because it reads them): the trace in progress ends when the
+// outermost read on this thread is done (reads nest: an op that reads may
+// sync). Holds no lock; takes the state lock at its end.
+class ProgramRead {
+ public:
+  ProgramRead();
+  ~ProgramRead();
+  ProgramRead(const ProgramRead&) = delete;
+  ProgramRead& operator=(const ProgramRead&) = delete;
+};
+
+// Every trace's choice (torch_mgpu.trace_choices()).
+std::vector<TraceReport> report();
+// Forgets every trace's choice (configure() with other lanes).
+void forget();
+
+} // namespace torch_mgpu::engine::at_call

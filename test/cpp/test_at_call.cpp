@@ -1,0 +1,158 @@
+// Running at the call (engine/at_call.h): the choice per trace, fed times
+// (no clock), and the ops of a LibTorch program run at their calls.
+#include "engine/at_call.h"
+#include "runtime/counters.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+#include <torch_mgpu/mgpu.h>
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+using torch_mgpu::engine::at_call::Choices;
+using torch_mgpu::engine::at_call::Way;
+namespace at_call = torch_mgpu::engine::at_call;
+
+namespace {
+
+// Runs trace `trace` `n` times, each run taking `seconds(way)`; returns the
+// ways taken.
+std::vector<Way> run(Choices& c, uint64_t trace, size_t n, const std::function<double(Way)>& seconds,
+                     bool may_try = true) {
+  std::vector<Way> ways;
+  for (size_t i = 0; i < n; ++i) {
+    Way w = c.begin(may_try);
+    ways.push_back(w);
+    c.end(trace, 10, seconds(w), may_try);
+  }
+  return ways;
+}
+
+double lazy_slow(Way w) { return w == Way::Lazy ? 3.0 : w == Way::AtCall ? 2.0 : 1.0; }
+double lazy_fast(Way w) { return w == Way::Lazy ? 1.0 : 2.0; }
+
+size_t count(const std::vector<Way>& ways, Way w) {
+  size_t n = 0;
+  for (Way x : ways) n += x == w;
+  return n;
+}
+
+} // namespace
+
+TEST(AtCallChoices, AHotTraceThatLosesLazilyRunsAtTheCallTheFastestWay) {
+  Choices c;
+  // Watched: lazy until seen kHotRuns times.
+  auto ways = run(c, 7, at_call::kHotRuns, lazy_slow);
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  // The trial: a cold and kTrialRuns timed runs of each of the three ways.
+  ways = run(c, 7, 3 * (at_call::kTrialRuns + 1), lazy_slow);
+  EXPECT_EQ(count(ways, Way::Lazy), at_call::kTrialRuns + 1);
+  EXPECT_EQ(count(ways, Way::AtCall), at_call::kTrialRuns + 1);
+  EXPECT_EQ(count(ways, Way::AtCallOneThread), at_call::kTrialRuns + 1);
+  // Chosen: one thread measured fastest.
+  ways = run(c, 7, 5, lazy_slow);
+  EXPECT_EQ(count(ways, Way::AtCallOneThread), ways.size());
+  auto r = c.report();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].way, "at the call, one thread");
+  EXPECT_EQ(r[0].state, "chosen");
+  EXPECT_EQ(r[0].ops, 10u);
+  EXPECT_EQ(r[0].medians_s, (std::vector<double>{3.0, 2.0, 1.0}));
+}
+
+TEST(AtCallChoices, ATraceThatWinsLazilyStaysLazy) {
+  Choices c(/*one_thread_way=*/false);
+  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_fast);
+  auto ways = run(c, 7, 10, lazy_fast);
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  EXPECT_EQ(c.report().at(0).state, "chosen");
+  EXPECT_EQ(c.report().at(0).way, "lazy");
+}
+
+TEST(AtCallChoices, WithinTheMarginTheLazyWayIsKept) {
+  Choices c(false);
+  auto close = [](Way w) { return w == Way::Lazy ? 1.0 : 0.995; };
+  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), close);
+  EXPECT_EQ(c.report().at(0).way, "lazy");
+}
+
+TEST(AtCallChoices, AChoiceIsTriedAgainAfterItsRunsAndTheirCountDoubles) {
+  Choices c(false);
+  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_slow);
+  // kFirstRetry runs at the call, then a trial again (lazy runs in it).
+  auto ways = run(c, 7, at_call::kFirstRetry - 1, lazy_slow);
+  EXPECT_EQ(count(ways, Way::AtCall), ways.size());
+  ways = run(c, 7, 2 * (at_call::kTrialRuns + 1), lazy_slow);
+  EXPECT_EQ(count(ways, Way::Lazy), at_call::kTrialRuns + 1);
+  EXPECT_EQ(c.report().at(0).way, "at the call");
+  // The same way won again: twice as many runs before the next trial.
+  ways = run(c, 7, 2 * at_call::kFirstRetry - 1, lazy_slow);
+  EXPECT_EQ(count(ways, Way::AtCall), ways.size());
+  // The machine changed: the next trial goes back to the lazy way.
+  run(c, 7, 1 + 2 * (at_call::kTrialRuns + 1), lazy_fast);
+  EXPECT_EQ(c.report().at(0).way, "lazy");
+}
+
+TEST(AtCallChoices, ATraceIsToldByTheOneThatFollowedItsPredecessor) {
+  Choices c(false);
+  // A loop of two traces: 1 then 2. Trace 2 loses lazily, trace 1 wins.
+  auto two_traces = [&](size_t n) {
+    std::vector<Way> first, second;
+    for (size_t i = 0; i < n; ++i) {
+      first.push_back(c.begin(true));
+      c.end(1, 5, lazy_fast(first.back()), true);
+      second.push_back(c.begin(true));
+      c.end(2, 5, lazy_slow(second.back()), true);
+    }
+    return std::make_pair(first, second);
+  };
+  two_traces(at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1));
+  auto [first, second] = two_traces(6);
+  EXPECT_EQ(count(first, Way::Lazy), first.size());
+  EXPECT_EQ(count(second, Way::AtCall), second.size());
+  // Another trace after trace 1: predicted 2 (runs at the call), but it is
+  // 3; its time is no measure of 2, and 1 is now followed by 3.
+  EXPECT_EQ(c.begin(true), Way::Lazy);
+  c.end(1, 5, 1.0, true);
+  EXPECT_EQ(c.begin(true), Way::AtCall);
+  c.end(3, 5, 100.0, true);
+  for (const auto& r : c.report())
+    if (r.trace == 2) EXPECT_EQ(r.medians_s, (std::vector<double>{3.0, 2.0}));
+  EXPECT_EQ(c.begin(true), Way::Lazy);  // after 3: never seen followed
+  c.end(1, 5, 1.0, true);
+  EXPECT_EQ(c.begin(true), Way::Lazy);  // after 1 came 3 last time: watched
+}
+
+TEST(AtCallChoices, NoTrialStartsWhileTrialsMayNotRun) {
+  Choices c;
+  auto ways = run(c, 7, 40, lazy_slow, /*may_try=*/false);
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  EXPECT_EQ(c.report().at(0).state, "watched");
+}
+
+// LibTorch with no Python: with at_call "on", ops run at their calls (no
+// pending op after each), with eager's values, in-place writes and views.
+TEST(AtCall, OpsOfALibTorchProgramRunAtTheirCalls) {
+  torch_mgpu::init();
+  at_call::set_mode("on");
+  auto ops_before = torch_mgpu::runtime::counters().at_call_ops.load();
+  auto g = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto a = at::randn({8, 8}, g), b = at::randn({8, 8}, g);
+  auto ma = a.to("mgpu"), mb = b.to("mgpu");
+  auto c = at::mm(ma, mb).relu();
+  EXPECT_EQ(torch_mgpu::pending_ops(), 0);
+  auto v = c.select(0, 2);
+  v.mul_(2.0);  // through a view: c changes too
+  EXPECT_EQ(torch_mgpu::pending_ops(), 0);
+  auto ref = at::mm(a, b).relu();
+  ref.select(0, 2).mul_(2.0);
+  EXPECT_TRUE(at::equal(c.cpu(), ref));
+  EXPECT_GE(torch_mgpu::runtime::counters().at_call_ops.load() - ops_before, 3);
+  // An error at the call, eager's, and the tensors stay usable.
+  EXPECT_THROW(at::mm(ma, mb.narrow(0, 0, 3)), c10::Error);
+  EXPECT_TRUE(at::equal(ma.cpu(), a));
+  at_call::set_mode("auto");
+}

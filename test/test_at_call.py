@@ -1,0 +1,242 @@
+"""Running at the call (engine/at_call.h): a trace's ops run as eager runs
+them, from their calls, with every guarantee of the lazy path; and the
+measured choice between that and the lazy way ("auto")."""
+import os
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_mgpu
+from torch_mgpu import _C
+
+
+@pytest.fixture
+def at_call():
+    """Sets the at-call mode for a test, and the one before back after it."""
+    saved = _C._at_call()
+
+    def use(mode):
+        torch_mgpu.synchronize()
+        torch_mgpu.configure(at_call=mode)
+
+    yield use
+    torch_mgpu.synchronize()
+    _C._set_at_call(saved)
+
+
+def ran_at_call(fn):
+    """Runs fn(); returns its result and how many ops ran at their call,
+    checking that none was left pending."""
+    before = torch_mgpu.stats()["at_call_ops"]
+    out = fn()
+    assert torch_mgpu.pending_ops() == 0
+    return out, torch_mgpu.stats()["at_call_ops"] - before
+
+
+def test_ops_run_at_their_call_with_eager_values(at_call):
+    at_call("on")
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 48, generator=g), torch.randn(48, 16, generator=g)
+    ma, mb = a.to("mgpu"), b.to("mgpu")
+    got, n = ran_at_call(lambda: torch.tanh(ma @ mb).mul(0.5).add(0.1).relu().sum(0))
+    assert n == 6  # mm, tanh, mul, add, relu, sum
+    assert torch.equal(got.cpu(), torch.tanh(a @ b).mul(0.5).add(0.1).relu().sum(0))
+
+
+def test_in_place_writes_through_views_and_out_at_the_call(at_call):
+    at_call("on")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 8, generator=g)
+    mx = x.to("mgpu")
+    _, n = ran_at_call(lambda: mx[:, 2:5].mul_(3.0))
+    assert n == 1
+    x[:, 2:5].mul_(3.0)
+    assert torch.equal(mx.cpu(), x)
+    t = mx.t()
+    t[1].add_(1.5)  # a view of a view: the base changes
+    x.t()[1].add_(1.5)
+    assert torch.equal(mx.cpu(), x)
+    # out=, resized as eager resizes it
+    out_m, out = torch.empty(0, device="mgpu"), torch.empty(0)
+    torch.add(mx, 2.0, out=out_m)
+    torch.add(x, 2.0, out=out)
+    assert out_m.shape == out.shape and torch.equal(out_m.cpu(), out)
+    assert out_m.stride() == out.stride()
+
+
+def test_errors_are_eagers_at_the_call_and_tensors_stay_usable(at_call):
+    at_call("on")
+    x = torch.randn(4, 5)
+    mx = x.to("mgpu")
+    with pytest.raises(RuntimeError) as eager:
+        x @ x
+    with pytest.raises(RuntimeError) as mgpu:
+        mx @ mx
+    assert str(mgpu.value) == str(eager.value)
+    with pytest.raises(RuntimeError) as eager:
+        x.add_(torch.randn(3))
+    with pytest.raises(RuntimeError) as mgpu:
+        mx.add_(torch.randn(3).to("mgpu"))
+    assert str(mgpu.value) == str(eager.value)
+    assert torch.equal(mx.cpu(), x)
+    assert torch.equal((mx * 2).cpu(), x * 2)
+
+
+def test_random_ops_draw_the_same_numbers_at_the_call_as_lazily(at_call):
+    def draw():
+        torch.manual_seed(1234)
+        x = torch.ones(64, 32, device="mgpu")
+        a = torch.randn(5, 7, device="mgpu")
+        b = torch.rand(3, device="mgpu", generator=torch.Generator("mgpu").manual_seed(9))
+        c = F.dropout(x, 0.5, training=True)  # draws from the default generator, no Generator argument
+        d = torch.empty(10, device="mgpu").uniform_(-1, 1)
+        e = torch.bernoulli(torch.full((20,), 0.3, device="mgpu"))
+        return [t.cpu() for t in (a, b, c, d, e)]
+
+    at_call("off")
+    lazy = draw()
+    at_call("on")
+    before = torch_mgpu.stats()["at_call_ops"]
+    now = draw()
+    assert torch_mgpu.stats()["at_call_ops"] - before >= 5
+    for lz, nw in zip(lazy, now):
+        assert torch.equal(lz, nw)
+    assert 0.3 < (lazy[2] == 0).float().mean() < 0.7  # dropout dropped about half
+
+
+def test_autograd_at_the_call_gives_eagers_gradients(at_call):
+    at_call("on")
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 8, generator=g, requires_grad=True)
+    x = torch.randn(4, 16, generator=g)
+    mw = w.detach().to("mgpu").requires_grad_()
+    _, n = ran_at_call(lambda: torch.tanh(x.to("mgpu") @ mw).pow(2).sum().backward())
+    assert n >= 5  # the backward's ops too
+    torch.tanh(x @ w).pow(2).sum().backward()
+    assert torch.equal(mw.grad.cpu(), w.grad)
+
+
+def test_a_foreach_optimizer_step_at_the_call_is_eagers(at_call):
+    at_call("on")
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 3))
+    mmodel = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 3)).to("mgpu")
+    mmodel.load_state_dict({k: v.to("mgpu") for k, v in model.state_dict().items()})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)
+    mopt = torch.optim.Adam(mmodel.parameters(), lr=1e-2, foreach=True)
+    x, y = torch.randn(10, 12), torch.randn(10, 3)
+    mx, my = x.to("mgpu"), y.to("mgpu")
+    for _ in range(3):
+        for m, o, a, b in ((model, opt, x, y), (mmodel, mopt, mx, my)):
+            o.zero_grad()
+            F.mse_loss(m(a), b).backward()
+            o.step()
+    assert torch_mgpu.pending_ops() == 0
+    for p, mp in zip(model.parameters(), mmodel.parameters()):
+        assert torch.equal(mp.cpu(), p)
+
+
+def test_threads_run_their_ops_at_the_call(at_call):
+    at_call("on")
+    xs = [torch.randn(20, 20) for _ in range(4)]
+    results, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            m = xs[i].to("mgpu")
+            for _ in range(20):
+                m = torch.tanh(m @ m.t() * 0.01 + i)
+            results[i] = m.cpu()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, x in enumerate(xs):
+        ref = x
+        for _ in range(20):
+            ref = torch.tanh(ref @ ref.t() * 0.01 + i)
+        assert torch.equal(results[i], ref)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_runs_ops_at_the_call(at_call):
+    at_call("on")
+    x = torch.randn(8, 8)
+    mx = x.to("mgpu")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 3
+        try:
+            before = torch_mgpu.stats()["at_call_ops"]
+            y = torch.relu(mx @ mx + 1)
+            ok = torch_mgpu.pending_ops() == 0 and torch_mgpu.stats()["at_call_ops"] > before
+            code = 0 if ok and torch.equal(y.cpu(), torch.relu(x @ x + 1)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_off_records_every_op(at_call):
+    at_call("off")
+    before = torch_mgpu.stats()["at_call_ops"]
+    m = torch.randn(5, 5).to("mgpu")
+    y = (m @ m).relu()
+    assert torch_mgpu.pending_ops() == 2
+    y.cpu()
+    assert torch_mgpu.stats()["at_call_ops"] == before
+
+
+def test_a_bad_setting_is_refused_by_name():
+    with pytest.raises(ValueError, match="at_call must be 'auto', 'on' or 'off'"):
+        torch_mgpu.configure(at_call="sometimes")
+
+
+def test_auto_tries_each_way_and_keeps_the_one_its_medians_say(at_call):
+    """The choice follows what was measured (whatever the machine's load
+    made of it): the fastest way's median beats the lazy way's by the
+    margin, else the lazy way. Values are eager's whichever way ran (within
+    tier 1's rounding where the lazy way runs compiled code)."""
+    at_call("auto")
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(24, 24, generator=g), torch.randn(6, 24, generator=g)
+    mw, mx = w.to("mgpu"), x.to("mgpu")
+    torch_mgpu.synchronize()
+    ways = set()
+    for i in range(40):
+        before = torch_mgpu.stats()["at_call_ops"]
+        got = torch.tanh(mx @ mw + i).sum().item()  # item() reads: the trace ends
+        ways.add(torch_mgpu.stats()["at_call_ops"] > before)
+        assert got == pytest.approx(torch.tanh(x @ w + i).sum().item(), rel=1e-5)  # tier 1 rounds otherwise
+        # No trial runs while tier 1 compiles the lazy way's graph.
+        assert torch_mgpu.wait_for_compiles(300)
+    assert ways == {True, False}  # the trial ran both
+    (trace,) = [t for t in torch_mgpu.trace_choices() if t["ops"] == 5]
+    assert trace["state"] == "chosen" and trace["runs"] == 40
+    lazy, *at_the_call = trace["medians_s"]
+    assert len(at_the_call) == 2 and all(m > 0 for m in trace["medians_s"])
+    best = min(range(2), key=lambda k: at_the_call[k])
+    expect = ("at the call", "at the call, one thread")[best] if at_the_call[best] * 1.02 < lazy else "lazy"
+    assert trace["way"] == expect, trace
+
+
+def test_each_read_ends_a_trace(at_call):
+    at_call("auto")
+    m = torch.randn(4, 4).to("mgpu")
+    torch_mgpu.synchronize()
+    for _ in range(3):
+        a = (m + 1).relu()
+        a.cpu()  # a copy to the host
+        b = (m * 2).tanh().sin()
+        b.sum().item()  # item
+        c = m.exp()
+        torch_mgpu.synchronize()
+    ops = sorted(t["ops"] for t in torch_mgpu.trace_choices() if t["runs"] == 3)
+    assert ops == [1, 2, 5]  # exp; add, relu; mul, tanh, sin, sum, item
