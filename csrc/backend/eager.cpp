@@ -15,7 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/library.h>
 
-#include <unordered_map>
+#include <c10/util/SmallVector.h>
 
 namespace torch_mgpu::backend {
 
@@ -37,35 +37,41 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
   std::optional<uint64_t> seed;
   if (capture::draws_from_default_generator(op, args)) seed = capture::draw_seed(std::nullopt);
 
-  // CPU bytes per mgpu storage; written storages get a private copy so that
-  // an op that raises half-way leaves the mgpu tensor as it was.
-  std::unordered_map<c10::StorageImpl*, c10::Storage> cpu_of;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> mgpu_of;  // cpu impl -> mgpu storage
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (mgpu, cpu) tensor slots
+  // Per mgpu storage, its CPU bytes; written storages get a private copy so
+  // that an op that raises half-way leaves the mgpu tensor as it was. A call
+  // has a few tensors: lists searched in order, no allocation for most.
+  struct Bytes {
+    c10::StorageImpl* mgpu_impl;
+    c10::Storage mgpu;  // the mgpu storage
+    c10::Storage cpu;   // its bytes here
+  };
+  c10::SmallVector<Bytes, 4> bytes;
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (mgpu, cpu) tensor slots
   c10::DeviceIndex device = 0;
   // The same tensor passed twice is one CPU tensor: kernels tell it from an
   // equal view (eager refuses `c[idx] = c`).
-  std::unordered_map<c10::TensorImpl*, at::Tensor> same;
+  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> same;
   auto to_cpu = [&](const at::Tensor& t, bool write) -> at::Tensor {
     if (!capture::is_mgpu(t)) return t;
-    auto seen = same.find(t.unsafeGetTensorImpl());
-    if (seen != same.end()) return seen->second;
+    for (const auto& [impl, c] : same)
+      if (impl == t.unsafeGetTensorImpl()) return c;
     device = t.device().index();
     auto* impl = t.storage().unsafeGetStorageImpl();
-    auto it = cpu_of.find(impl);
-    if (it == cpu_of.end()) {
+    const Bytes* b = nullptr;
+    for (const auto& e : bytes)
+      if (e.mgpu_impl == impl) b = &e;
+    if (b == nullptr) {
       c10::Storage s = engine::materialize(t.storage());
       if (write) {
         c10::Storage c = runtime::allocate(s.nbytes());
         if (s.nbytes()) std::memcpy(c.mutable_data(), s.data(), s.nbytes());
         s = c;
       }
-      it = cpu_of.emplace(impl, s).first;
-      mgpu_of.emplace(s.unsafeGetStorageImpl(), t.storage());
+      b = &bytes.emplace_back(Bytes{impl, t.storage(), s});
     }
-    at::Tensor c = runtime::cpu_view(it->second, capture::geometry_of(t));
+    at::Tensor c = runtime::cpu_view(b->cpu, capture::geometry_of(t));
     if (write) written.emplace_back(t, c);
-    same.emplace(t.unsafeGetTensorImpl(), c);
+    same.emplace_back(t.unsafeGetTensorImpl(), c);
     return c;
   };
   // Written storages first, so that reads of the same storage see the copy.
@@ -116,8 +122,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     const at::Tensor r = result._is_zerotensor() ? at::zeros(result.sizes(), result.options()) : result;
     for (auto& [m, c] : written)
       if (c.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return m;
-    auto it = mgpu_of.find(r.storage().unsafeGetStorageImpl());
-    if (it != mgpu_of.end()) return capture::make_lazy_tensor(it->second, capture::geometry_of(r));
+    for (const auto& b : bytes)  // a view of an input's bytes: of its mgpu storage
+      if (b.cpu.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl())
+        return capture::make_lazy_tensor(b.mgpu, capture::geometry_of(r));
     return capture::make_lazy_tensor(capture::new_storage(r.storage().nbytes(), device, ir::make_data(r.storage())), capture::geometry_of(r));
   };
   torch::jit::drop(*stack, nargs);
