@@ -101,6 +101,8 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
   torch::jit::Stack s(args.begin(), args.end());
   {
     at::AutoDispatchBelowADInplaceOrView guard;
+    // Autocast did its casts at the mgpu call: not again on the CPU.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     std::optional<runtime::ScopedParallelism> threads;
     if (one_thread) threads.emplace(1);
     if (seed) runtime::call_seeded(op, s, *seed, c10::Device(c10::kCPU));

@@ -35,6 +35,15 @@ bool sync_each_op() {
   return on;
 }
 
+// Whether the call has a tensor that is not an mgpu one (a copy from the
+// host's source).
+bool has_host_tensor(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  bool found = false;
+  for (const auto& v : torch::jit::last(stack, op.schema().arguments().size()))
+    capture::for_each_tensor(v, [&](const at::Tensor& t) { found = found || (t.defined() && !capture::is_mgpu(t)); });
+  return found;
+}
+
 // Whether the call has an mgpu tensor over a storage mgpu did not make (a
 // wrapper subclass's, under no_dispatch): it cannot run eagerly either.
 bool has_foreign_storage(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
@@ -78,12 +87,15 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     eager_fallback(op, stack);
     return;
   }
-  // At the call: the CPU kernel now, as eager runs it. Not a copy from the
-  // host (eager's device check would refuse its host tensor: it is
-  // recorded), nor bytes mgpu did not make (they cannot run eagerly).
-  if (way != engine::at_call::Way::Lazy && !cpu_as_meta && !has_foreign_storage(op, *stack)) {
+  // At the call: the CPU kernel now, as eager runs it. Not an empty
+  // factory (recorded as no value yet, as a copy into it expects), a copy
+  // from the host (eager's device check would refuse its host tensor: it is
+  // recorded), nor bytes mgpu did not make (they cannot run eagerly). An op
+  // whose kernel rounds by its thread count keeps the caller's threads.
+  if (way != engine::at_call::Way::Lazy && !capture::is_empty_factory(info) &&
+      !(cpu_as_meta && has_host_tensor(op, *stack)) && !has_foreign_storage(op, *stack)) {
     if (borrowed) borrowed->own();
-    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread);
+    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread && !capture::is_thread_sensitive(info));
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));

@@ -24,6 +24,14 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // shapes, non-tensor results).
 bool runs_eagerly(const OpInfo& info);
 
+// Whether the op makes an uninitialized tensor (empty, empty_strided): its
+// value is recorded as no value yet, whichever way the call runs.
+bool is_empty_factory(const OpInfo& info);
+
+// Whether the op's CPU kernel rounds by its intra-op thread count (batch
+// norm's statistics, prod): it runs with the caller's threads.
+bool is_thread_sensitive(const OpInfo& info);
+
 // Whether a call of `op` draws from the device's default generator with no
 // Generator argument (native_dropout; not attention with a dropout of 0):
 // its recording, or its run at the call, seeds it from the mgpu generator.

@@ -212,6 +212,10 @@ const OpInfo& prepare_call(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 bool runs_eagerly(const OpInfo& info) { return info.eager; }
 
+bool is_empty_factory(const OpInfo& info) { return info.empty_factory; }
+
+bool is_thread_sensitive(const OpInfo& info) { return info.thread_sensitive; }
+
 bool ignores_matmul_precision(const OpInfo& info) { return info.pointwise; }
 
 } // namespace torch_mgpu::capture

@@ -80,7 +80,8 @@ void Choices::decide(Entry& e) {
   e.medians.clear();
   for (size_t w = 0; w < e.trial.size(); ++w) e.medians.push_back(e.trial.median_of(w));
   const Way won = static_cast<Way>(e.trial.choose());
-  e.retry = won == e.way ? std::min(e.retry * 2, kMaxRetry) : kFirstRetry;
+  e.retry = e.decided && won == e.way ? std::min(e.retry * 2, kMaxRetry) : kFirstRetry;
+  e.decided = true;
   e.way = won;
   e.state = State::Chosen;
   e.since = 0;
@@ -129,6 +130,7 @@ struct Tracer {
   uint64_t hash = 0;
   size_t ops = 0;
   Way way = Way::Lazy;
+  bool begun = false;    // the choices told this trace's way (auto, host lanes)
   bool started = false;  // `since` is set
   clock::time_point since;  // the end of the read before the trace
 };
@@ -165,6 +167,11 @@ void set_mode(const std::string& mode) {
   auto& t = tracer();
   t.mode = mode;
   t.choices.clear();
+  // The trace in progress is no measure of anything: its next op starts a
+  // trace of the new mode's way.
+  t.ops = 0;
+  t.way = Way::Lazy;
+  t.begun = false;
 }
 
 std::string mode() {
@@ -180,9 +187,15 @@ Way on_call(const void* op) {
       t.started = true;
     }
     t.hash = kHashSeed;
-    if (t.mode == "off" || !host_lanes()) t.way = Way::Lazy;
-    else if (t.mode == "on") t.way = Way::AtCall;
-    else t.way = t.choices.begin(may_try());
+    t.begun = false;
+    if (t.mode == "off" || !host_lanes()) {
+      t.way = Way::Lazy;
+    } else if (t.mode == "on") {
+      t.way = Way::AtCall;
+    } else {
+      t.way = t.choices.begin(may_try());
+      t.begun = true;
+    }
   }
   t.hash = (t.hash ^ reinterpret_cast<uintptr_t>(op)) * 0x100000001b3ull;
   t.hash ^= t.hash >> 29;
@@ -201,9 +214,10 @@ ProgramRead::~ProgramRead() {
     if (t.ops > 0) {
       const double seconds = std::chrono::duration<double>(now - t.since).count();
       if (t.way != Way::Lazy) runtime::counters().at_call_traces++;
-      if (t.mode == "auto") t.choices.end(t.hash, t.ops, seconds, may_try());
+      if (t.begun) t.choices.end(t.hash, t.ops, seconds, may_try());
       t.ops = 0;
       t.way = Way::Lazy;
+      t.begun = false;
     }
     t.since = now;
     t.started = true;
@@ -224,6 +238,7 @@ void forget() {
   t.choices.clear();
   t.ops = 0;
   t.way = Way::Lazy;
+  t.begun = false;
 }
 
 } // namespace torch_mgpu::engine::at_call

@@ -77,6 +77,7 @@ class Choices {
     std::vector<double> medians;  // of the last trial
     size_t since = 0;             // runs of the chosen way since its trial
     size_t retry = kFirstRetry;   // runs of the chosen way before the next trial
+    bool decided = false;         // a trial has chosen (`way` is its choice)
     bool has_next = false;
     uint64_t next = 0;  // the trace that followed it last
   };

@@ -301,12 +301,12 @@ void configure(const std::vector<std::string>& devices, int lanes_per_device, co
   auto topo = Config::checked_topology(devs, lanes);  // refused before anything runs
   sync_all();  // pending work runs where it was planned to (and no flight runs on)
   auto next = Config::make_lanes(std::move(topo), policy.empty() ? now->policy : policy);
+  at_call::forget();  // the ways were measured on the lanes before
   auto& c = config();
   std::lock_guard<std::mutex> config_lock(c.m);
   c.lanes = std::move(next);
   c.plans.clear();
   clear_replays();  // recordings hold the lanes' places
-  at_call::forget();  // the ways were measured on the lanes before
 }
 
 void start_stream_sanitizer() {
