@@ -21,6 +21,16 @@ namespace torch_mgpu::backend {
 
 namespace {
 
+// Whether a write may go into the bytes of `s`'s value themselves: a host
+// value that nothing else holds (no pending node reads this version, no
+// other storage, host tensor or device copy shares the bytes). Else the
+// write goes into a copy.
+bool sole_host_value(const c10::Storage& s) {
+  const auto& n = capture::buffer_of(s)->value.node;
+  return n && n->kind == ir::NodeKind::Data && n.use_count() == 1 && n->data.device().is_cpu() &&
+      n->data.use_count() == 1 && n->data.nbytes() >= s.nbytes() && n->replicas().empty();
+}
+
 // Runs `op` now on the CPU (see eager_fallback), with one intra-op thread
 // where `one_thread`. Random ops draw as their recording would: a
 // Generator argument (given or not) becomes a CPU generator seeded from the
@@ -37,9 +47,11 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
   std::optional<uint64_t> seed;
   if (capture::draws_from_default_generator(op, args)) seed = capture::draw_seed(std::nullopt);
 
-  // Per mgpu storage, its CPU bytes; written storages get a private copy so
-  // that an op that raises half-way leaves the mgpu tensor as it was. A call
-  // has a few tensors: lists searched in order, no allocation for most.
+  // Per mgpu storage, its CPU bytes. A written storage is written in its
+  // bytes where no one else holds them (as eager writes), else into a
+  // private copy; either way it then holds a new value (a new node: its
+  // bytes are another version). A call has a few tensors: lists searched
+  // in order, no allocation for most.
   struct Bytes {
     c10::StorageImpl* mgpu_impl;
     c10::Storage mgpu;  // the mgpu storage
@@ -61,8 +73,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     for (const auto& e : bytes)
       if (e.mgpu_impl == impl) b = &e;
     if (b == nullptr) {
+      const bool in_place = write && sole_host_value(t.storage());
       c10::Storage s = engine::materialize(t.storage());
-      if (write) {
+      if (write && !in_place) {
         c10::Storage c = runtime::allocate(s.nbytes());
         if (s.nbytes()) std::memcpy(c.mutable_data(), s.data(), s.nbytes());
         s = c;
@@ -105,8 +118,20 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     std::optional<runtime::ScopedParallelism> threads;
     if (one_thread) threads.emplace(1);
-    if (seed) runtime::call_seeded(op, s, *seed, c10::Device(c10::kCPU));
-    else op.callBoxed(&s);
+    try {
+      if (seed) runtime::call_seeded(op, s, *seed, c10::Device(c10::kCPU));
+      else op.callBoxed(&s);
+    } catch (...) {
+      // A kernel that raised may have written part of what it writes in
+      // place (as eager's does): those storages hold another version.
+      for (auto& [m, c] : written) {
+        auto* buf = capture::buffer_of(m);
+        if (buf->value.node->kind == ir::NodeKind::Data &&
+            buf->value.node->data.unsafeGetStorageImpl() == c.storage().unsafeGetStorageImpl())
+          buf->value = ir::Value{ir::make_data(c.storage()), 0};
+      }
+      throw;
+    }
   }
 
   // Bind written storages to their new bytes, with any new geometry.

@@ -166,7 +166,8 @@ void set_mode(const std::string& mode) {
   capture::StateLock lock;
   auto& t = tracer();
   t.mode = mode;
-  t.choices.clear();
+  // The choices made stay (their times hold on these lanes: a program that
+  // turns the setting off for a while finds them when it turns it back).
   // The trace in progress is no measure of anything: its next op starts a
   // trace of the new mode's way.
   t.ops = 0;

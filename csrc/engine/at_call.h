@@ -60,7 +60,7 @@ class Choices {
   // The trace that began ended: `trace` its hash, `ops` its op count,
   // `seconds` from the read before it to the end of this one.
   void end(uint64_t trace, size_t ops, double seconds, bool may_try);
-  // Forgets every trace (the lanes changed, or the setting).
+  // Forgets every trace (the lanes changed).
   void clear();
   std::vector<TraceReport> report() const;
   // The way the trace now running takes (Lazy before begin()).
@@ -99,7 +99,7 @@ class Choices {
 
 // The setting: "auto" (the measured choice, the default), "on" (every call
 // at its call, on host lanes), "off" (the lazy way). TORCH_MGPU_AT_CALL or
-// configure(at_call=...). Under the state lock.
+// configure(at_call=...). The choices made stay for when it is "auto" again.
 void set_mode(const std::string& mode);
 std::string mode();
 

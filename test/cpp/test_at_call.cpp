@@ -1,6 +1,8 @@
 // Running at the call (engine/at_call.h): the choice per trace, fed times
 // (no clock), and the ops of a LibTorch program run at their calls.
+#include "backend/backend.h"
 #include "engine/at_call.h"
+#include "engine/engine.h"
 #include "runtime/counters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -155,5 +157,26 @@ TEST(AtCall, OpsOfALibTorchProgramRunAtTheirCalls) {
   // An error at the call, eager's, and the tensors stay usable.
   EXPECT_THROW(at::mm(ma, mb.narrow(0, 0, 3)), c10::Error);
   EXPECT_TRUE(at::equal(ma.cpu(), a));
+  at_call::set_mode("auto");
+}
+
+// A write at the call goes into the value's own bytes where nothing else
+// holds them (as eager writes), and into a copy where a host tensor shares
+// them (its bytes stay as they were).
+TEST(AtCall, AWriteGoesIntoItsOwnBytesUnlessSomethingElseHoldsThem) {
+  torch_mgpu::init();
+  at_call::set_mode("on");
+  auto x = at::arange(16, at::kFloat);
+  auto m = x.to("mgpu");
+  const void* before = torch_mgpu::engine::materialize(m.storage()).data();
+  m.add_(1.0);
+  EXPECT_EQ(torch_mgpu::engine::materialize(m.storage()).data(), before);
+  EXPECT_TRUE(at::equal(m.cpu(), x + 1));
+  auto host = torch_mgpu::backend::value_view(m, c10::Device(c10::kCPU));  // shares the bytes
+  EXPECT_EQ(host.data_ptr(), before);
+  m.mul_(2.0);
+  EXPECT_NE(torch_mgpu::engine::materialize(m.storage()).data(), before);
+  EXPECT_TRUE(at::equal(host, x + 1));
+  EXPECT_TRUE(at::equal(m.cpu(), (x + 1) * 2));
   at_call::set_mode("auto");
 }
