@@ -69,12 +69,20 @@ def nothing():
     pass
 
 
+# Idle time before each timed run: threads the run before left spinning
+# (an OpenMP team's workers, mgpu's lanes: each spins a while before it
+# sleeps) would otherwise take the core (on this machine, the hyperthread)
+# the next variant runs on, and charge one variant for another's threads.
+SETTLE_S = 0.003
+
+
 def measure_interleaved(variants, reps, warmup=5):
     """Times every variant `reps` times, round-robin (eager, mgpu, eager,
     mgpu, ...), so that a change in the machine's speed during a case hits
-    all variants alike; then each variant's peak RSS in a run of its own.
-    `variants`: name -> (run, enter, leave); enter/leave run untimed around
-    each run (e.g. setting the thread count)."""
+    all variants alike, each run after SETTLE_S idle; then each variant's
+    peak RSS in a run of its own. `variants`: name -> (run, enter, leave);
+    enter/leave run untimed around each run (e.g. setting the thread
+    count)."""
     for run, enter, leave in variants.values():
         for _ in range(warmup):
             enter()
@@ -84,6 +92,7 @@ def measure_interleaved(variants, reps, warmup=5):
     for _ in range(reps):
         for name, (run, enter, leave) in variants.items():
             enter()
+            time.sleep(SETTLE_S)
             t = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - t)
@@ -501,7 +510,8 @@ def main():
         "",
         "Times in ms: median (min..max) of the repetitions after 5 warm-up runs; the variants of a case run",
         "round-robin (eager, jit.fork, torch.compile, mgpu, then again; eager with 1 thread in a process of its own),",
-        "so that changes in the machine's speed hit them alike. Speed-up is over the better of eager",
+        "so that changes in the machine's speed hit them alike, each run after 3 ms idle (threads the run before",
+        "left spinning, an OpenMP team's or mgpu's lanes, would take the core the next one runs on). Speed-up is over the better of eager",
         "with default threads and eager with one thread (what a user could pick instead; higher is better).",
         "Peak MiB: growth of peak RSS during the timed runs.",
         "`simulated`: the simulator's predicted execution time for the same lanes (capture excluded);",
@@ -510,8 +520,10 @@ def main():
         "",
         "`predicted / measured`: median over the timed runs of the last executed plan's predicted makespan over",
         "its measured one (last_plan(); with background execution, the plan of the graph left at the sync).",
-        "`mgpu` is the default configuration (tier 1 on, background flights), timed after its compiles settled;",
-        "`default ran`: of the graphs its warm-up and timed runs ran (syncs and flights), those that ran compiled code.",
+        "`mgpu` is the default configuration (tier 1 on, background flights, repeated traces tried at the call),",
+        "timed after its compiles and trials settled; `default ran`: `at the call a/b`, of its b timed and warm-up runs,",
+        "the a that ran their ops at the call (`one thread`: with one intra-op thread), and `tier 1 a/b`, of the graphs",
+        "its lazy runs ran (syncs and flights), those that ran compiled code.",
         "",
         "| workload | case | eager | eager 1 thread | torch.compile | jit.fork | mgpu | default ran | mgpu tier 1 | simulated | simulated / measured | mgpu speed-up | lanes used | predicted / measured | peak MiB eager / mgpu |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
