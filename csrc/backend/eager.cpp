@@ -23,10 +23,12 @@ namespace {
 
 // Whether a write may go into the bytes of `s`'s value themselves: a host
 // value that nothing else holds (no pending node reads this version, no
-// other storage, host tensor or device copy shares the bytes). Else the
-// write goes into a copy.
+// other storage, host tensor or device copy shares the bytes), or no value
+// yet (an empty tensor, an out= result: its bytes are made for it). Else
+// the write goes into a copy.
 bool sole_host_value(const c10::Storage& s) {
   const auto& n = capture::buffer_of(s)->value.node;
+  if (n && n->kind == ir::NodeKind::Empty && n.use_count() == 1 && n->replicas().empty()) return true;
   return n && n->kind == ir::NodeKind::Data && n.use_count() == 1 && n->data.device().is_cpu() &&
       n->data.use_count() == 1 && n->data.nbytes() >= s.nbytes() && n->replicas().empty();
 }
