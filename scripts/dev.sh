@@ -88,6 +88,10 @@ tsan() {
   # exitcode=66: a process that reported exits non-zero (at exit; with
   # halt_on_error=0 every report of a run is printed first).
   export TSAN_OPTIONS="suppressions=$ROOT/test/tsan.supp halt_on_error=0 second_deadlock_stack=1 history_size=4 exitcode=66 print_suppressions=1"
+  # Each binary runs whole, its tests in one process: traces record, as
+  # CTest runs them (running at the call is a choice by measured time, and
+  # a trace made hot by one test would run the next test's ops at the call).
+  export TORCH_MGPU_AT_CALL=off
   # Kernels with more ASLR bits than this TSAN runtime maps around refuse
   # to start it ("unexpected memory mapping"): run without randomization.
   local wrap=() probe
