@@ -66,6 +66,31 @@ def test_in_place_writes_through_views_and_out_at_the_call(at_call):
     assert out_m.stride() == out.stride()
 
 
+def test_in_place_ops_at_the_call_return_their_argument_and_take_no_reference(at_call):
+    """The commonest ops reach mgpu with their tensors borrowed; at the call
+    an in-place one returns its argument, the same Python object, and leaves
+    no reference behind (nor takes one away)."""
+    import sys
+    import weakref
+    at_call("on")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, generator=g)
+    mx = x.to("mgpu")
+    before = sys.getrefcount(mx)
+    for _ in range(20):
+        r, n = ran_at_call(lambda: mx.add_(1.25))
+        assert r is mx and n == 1
+        del r
+        mx.mul_(mx).clamp_(max=4.0)  # the same tensor twice
+        x.add_(1.25)
+        x.mul_(x).clamp_(max=4.0)
+    assert sys.getrefcount(mx) == before
+    assert torch.equal(mx.cpu(), x)
+    gone = weakref.ref(mx)
+    del mx
+    assert gone() is None
+
+
 def test_copies_between_mgpu_tensors_and_casts_run_at_the_call(at_call):
     at_call("on")
     x = torch.randn(5, 7)

@@ -243,6 +243,45 @@ def test_empty_then_fill_and_uninitialized_read():
     assert torch.equal(e.cpu(), torch.full((3, 4), 2.5))
 
 
+def test_empty_factories_are_made_with_no_inference_and_eagers_geometry():
+    """torch.empty and empty_strided as most calls make them (strided, not
+    pinned, contiguous or given strides) are made directly: neither a Meta
+    inference nor a node. Their sizes, strides and dtypes are eager's, and
+    the calls this does not take (a memory format, pinned memory, a negative
+    size) get eager's results and errors from the recording."""
+    torch_mgpu.synchronize()
+    before = torch_mgpu.stats()
+    made = [torch.empty(3, 4, device="mgpu"), torch.empty((), device="mgpu"), torch.empty(0, 5, device="mgpu"),
+            torch.empty(2, 3, dtype=torch.int16, device="mgpu"), torch.empty_strided((2, 3), (1, 2), device="mgpu"),
+            torch.empty_strided((4, 1, 3), (3, 7, 1), dtype=torch.float64, device="mgpu")]
+    after = torch_mgpu.stats()
+    assert after["meta_cache_hits"] + after["meta_cache_misses"] == \
+        before["meta_cache_hits"] + before["meta_cache_misses"]
+    assert torch_mgpu.pending_ops() == 0
+    ref = [torch.empty(3, 4), torch.empty(()), torch.empty(0, 5), torch.empty(2, 3, dtype=torch.int16),
+           torch.empty_strided((2, 3), (1, 2)), torch.empty_strided((4, 1, 3), (3, 7, 1), dtype=torch.float64)]
+    for m, r in zip(made, ref):
+        assert (m.shape, m.stride(), m.dtype, m.storage_offset()) == (r.shape, r.stride(), r.dtype, r.storage_offset())
+        assert m.untyped_storage().nbytes() == r.untyped_storage().nbytes()
+        m.fill_(1.5)
+        assert torch.equal(m.cpu(), torch.full_like(r, 1.5))
+    saved = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert torch.empty(2, device="mgpu").dtype == torch.float64
+    finally:
+        torch.set_default_dtype(saved)
+    cl = torch.empty(2, 3, 4, 5, device="mgpu", memory_format=torch.channels_last)
+    assert cl.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
+    x = torch.randn(3, 4, device="mgpu").t()
+    assert torch.empty_like(x).stride() == torch.empty_like(x.cpu()).stride()
+    assert x.new_empty(5).shape == (5,)
+    with pytest.raises(RuntimeError, match="negative dimension"):
+        torch.empty(2, -1, device="mgpu")
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.empty(2, device="mgpu:7")
+
+
 def test_dtypes_and_conversions():
     a = torch.arange(10, device="mgpu")
     assert a.dtype == torch.int64

@@ -38,10 +38,14 @@ bool takes_over_composite(const c10::OperatorHandle& op);
 // Runs `op` now on CPU over the materialized inputs (ops with no meta kernel,
 // data-dependent output shapes or non-tensor results), rebinding mutated
 // inputs and wrapping tensor results as mgpu tensors.
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// `borrowed` (or null): the stack's borrowed tensor arguments
+// (capture/borrowed_args.h), released with the arguments.
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    capture::BorrowedArgs* borrowed = nullptr);
 // The same for an op of a trace that runs at its call (engine/at_call.h),
 // with one intra-op thread where `one_thread`.
-void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread);
+void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
+                 capture::BorrowedArgs* borrowed = nullptr);
 
 // Records (on mgpu inputs) or runs (on CPU / CUDA inputs) a compiled
 // partition: the op torch_mgpu::partition.

@@ -38,16 +38,20 @@ bool sole_host_value(const c10::Storage& s) {
 // Generator argument (given or not) becomes a CPU generator seeded from the
 // mgpu one, and an op that draws from the default generator runs with it
 // seeded from the mgpu one, so that a seed gives the same numbers whether a
-// trace runs at its call or lazily.
-void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread) {
+// trace runs at its call or lazily. The arguments are read where they lie
+// on the stack, `borrowed` ones too (copying a tensor Python holds would
+// take the interpreter lock, capture/borrowed_args.h): the CPU kernel gets
+// a stack of its own.
+void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
+             capture::BorrowedArgs* borrowed) {
   capture::StateLock lock;
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   capture::type_tensor_lists(schema, stack);
-  std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
-  capture::check_same_device(op, args);
+  const c10::ArrayRef<c10::IValue> in(stack->data() + stack->size() - nargs, nargs);
+  capture::check_same_device(op, in);
   std::optional<uint64_t> seed;
-  if (capture::draws_from_default_generator(op, args)) seed = capture::draw_seed(std::nullopt);
+  if (capture::draws_from_default_generator(op, in)) seed = capture::draw_seed(std::nullopt);
 
   // Per mgpu storage, its CPU bytes. A written storage is written in its
   // bytes where no one else holds them (as eager writes), else into a
@@ -60,7 +64,13 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     c10::Storage cpu;   // its bytes here
   };
   c10::SmallVector<Bytes, 4> bytes;
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (mgpu, cpu) tensor slots
+  // A written mgpu tensor (held by its caller for the call: an argument on
+  // the stack, or an element of a list there) and its CPU tensor.
+  struct Written {
+    c10::TensorImpl* mgpu;
+    at::Tensor cpu;
+  };
+  c10::SmallVector<Written, 2> written;
   c10::DeviceIndex device = 0;
   // The same tensor passed twice is one CPU tensor: kernels tell it from an
   // equal view (eager refuses `c[idx] = c`).
@@ -85,35 +95,36 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
       b = &bytes.emplace_back(Bytes{impl, t.storage(), s});
     }
     at::Tensor c = runtime::cpu_view(b->cpu, capture::geometry_of(t));
-    if (write) written.emplace_back(t, c);
+    if (write) written.push_back(Written{t.unsafeGetTensorImpl(), c});
     same.emplace_back(t.unsafeGetTensorImpl(), c);
     return c;
   };
-  // Written storages first, so that reads of the same storage see the copy.
+  // The CPU kernel's arguments. Written storages first, so that reads of
+  // the same storage see the copy.
+  c10::SmallVector<c10::IValue, 8> cpu_args(nargs);
   for (size_t i = 0; i < nargs; ++i) {
     const auto& a = schema.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite())
-      args[i] = capture::map_tensors(args[i], [&](const at::Tensor& t) { return to_cpu(t, true); });
+      cpu_args[i] = capture::map_tensors(in[i], [&](const at::Tensor& t) { return to_cpu(t, true); });
   }
   for (size_t i = 0; i < nargs; ++i) {
-    auto& v = args[i];
+    const auto& v = in[i];
     const auto& a = schema.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite()) continue;
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       capture::check_device_index(v.toDevice().index());
       device = std::max<c10::DeviceIndex>(v.toDevice().index(), 0);
-      v = c10::Device(c10::kCPU);
+      cpu_args[i] = c10::Device(c10::kCPU);
     } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
-      v = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(v.toGenerator()));
-    } else if (v.isNone() && a.type()->kind() == c10::TypeKind::OptionalType &&
-               a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType) {
-      v = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(std::nullopt));
+      cpu_args[i] = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(v.toGenerator()));
+    } else if (v.isNone() && capture::is_generator(a)) {
+      cpu_args[i] = at::make_generator<at::CPUGeneratorImpl>(capture::draw_seed(std::nullopt));
     } else {
-      v = capture::map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
+      cpu_args[i] = capture::map_tensors(v, [&](const at::Tensor& t) { return to_cpu(t, false); });
     }
   }
 
-  torch::jit::Stack s(args.begin(), args.end());
+  torch::jit::Stack s(std::make_move_iterator(cpu_args.begin()), std::make_move_iterator(cpu_args.end()));
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     // Autocast did its casts at the mgpu call: not again on the CPU.
@@ -126,59 +137,93 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     } catch (...) {
       // A kernel that raised may have written part of what it writes in
       // place (as eager's does): those storages hold another version.
-      for (auto& [m, c] : written) {
-        auto* buf = capture::buffer_of(m);
+      for (auto& w : written) {
+        auto* buf = capture::buffer_of(w.mgpu->storage());
         if (buf->value.node->kind == ir::NodeKind::Data &&
-            buf->value.node->data.unsafeGetStorageImpl() == c.storage().unsafeGetStorageImpl())
-          buf->value = ir::Value{ir::make_data(c.storage()), 0};
+            buf->value.node->data.unsafeGetStorageImpl() == w.cpu.storage().unsafeGetStorageImpl())
+          buf->value = ir::Value{ir::make_data(w.cpu.storage()), 0};
       }
       throw;
     }
   }
 
   // Bind written storages to their new bytes, with any new geometry.
-  for (auto& [m, c] : written) {
-    auto* b = capture::buffer_of(m);
-    c10::Storage cs = c.storage();
-    if (cs.nbytes() > m.storage().nbytes()) m.storage().unsafeGetStorageImpl()->set_nbytes(cs.nbytes());
+  for (auto& w : written) {
+    const c10::Storage& ms = w.mgpu->storage();
+    auto* b = capture::buffer_of(ms);
+    c10::Storage cs = w.cpu.storage();
+    if (cs.nbytes() > ms.nbytes()) ms.unsafeGetStorageImpl()->set_nbytes(cs.nbytes());
     b->value = ir::Value{ir::make_data(cs), 0};
-    auto g = capture::geometry_of(c);
-    if (capture::geometry_of(m) != g) m.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+    const at::Tensor& c = w.cpu;  // out= and resize_ change its sizes
+    if (w.mgpu->sizes() != c.sizes() || w.mgpu->strides() != c.strides() || w.mgpu->storage_offset() != c.storage_offset())
+      w.mgpu->set_sizes_and_strides(c.sizes(), c.strides(), c.storage_offset());
   }
-  auto wrap = [&](const at::Tensor& result) -> at::Tensor {
-    if (!result.defined() || !result.device().is_cpu()) return result;
-    // A ZeroTensor has no bytes behind it: its value, in bytes.
-    const at::Tensor r = result._is_zerotensor() ? at::zeros(result.sizes(), result.options()) : result;
-    for (auto& [m, c] : written)
-      if (c.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return m;
-    for (const auto& b : bytes)  // a view of an input's bytes: of its mgpu storage
-      if (b.cpu.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl())
-        return capture::make_lazy_tensor(b.mgpu, capture::geometry_of(r));
-    return capture::make_lazy_tensor(capture::new_storage(r.storage().nbytes(), device, ir::make_data(r.storage())), capture::geometry_of(r));
+  // The results, as mgpu tensors. A written tensor returned (an in-place
+  // op's, an out= op's) is its argument: borrowed again where it came
+  // borrowed, else a reference of its own.
+  struct Result {
+    c10::IValue value;
+    c10::TensorImpl* borrowed = nullptr;
   };
-  torch::jit::drop(*stack, nargs);
-  for (auto& v : s) {
-    if (v.isTensor()) stack->emplace_back(wrap(v.toTensor()));
-    else if (v.isTensorList()) {
-      c10::List<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(wrap(t));
-      stack->emplace_back(l);
-    } else {
-      stack->push_back(v);
+  auto wrap = [&](const at::Tensor& result, Result& r) {
+    if (!result.defined() || !result.device().is_cpu()) {
+      r.value = result;
+      return;
     }
+    // A ZeroTensor has no bytes behind it: its value, in bytes.
+    const at::Tensor z = result._is_zerotensor() ? at::zeros(result.sizes(), result.options()) : result;
+    for (auto& w : written)
+      if (w.cpu.unsafeGetTensorImpl() == z.unsafeGetTensorImpl()) {
+        if (borrowed && borrowed->borrows(w.mgpu)) r.borrowed = w.mgpu;
+        else r.value = at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(w.mgpu));
+        return;
+      }
+    for (const auto& b : bytes)  // a view of an input's bytes: of its mgpu storage
+      if (b.cpu.unsafeGetStorageImpl() == z.storage().unsafeGetStorageImpl()) {
+        r.value = capture::make_lazy_tensor(b.mgpu, capture::geometry_of(z));
+        return;
+      }
+    r.value = capture::make_lazy_tensor(capture::new_storage(z.storage().nbytes(), device, ir::make_data(z.storage())),
+                                        capture::geometry_of(z));
+  };
+  c10::SmallVector<Result, 2> results(s.size());
+  for (size_t k = 0; k < s.size(); ++k) {
+    const auto& v = s[k];
+    if (v.isTensor()) {
+      wrap(v.toTensor(), results[k]);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) {
+        Result e;
+        wrap(t, e);
+        // A list holds references of its own.
+        l.push_back(e.borrowed ? at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(e.borrowed))
+                               : std::move(e.value).toTensor());
+      }
+      results[k].value = l;
+    } else {
+      results[k].value = v;
+    }
+  }
+  if (borrowed) borrowed->release();
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : results) {
+    if (r.borrowed) borrowed->push_again(r.borrowed);
+    else stack->push_back(std::move(r.value));
   }
 }
 
 } // namespace
 
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, capture::BorrowedArgs* borrowed) {
   if (op.schema().name() != "aten::_local_scalar_dense") runtime::counters().eager_fallbacks++;
-  run_now(op, stack, /*one_thread=*/false);
+  run_now(op, stack, /*one_thread=*/false, borrowed);
 }
 
-void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread) {
+void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
+                 capture::BorrowedArgs* borrowed) {
   runtime::counters().at_call_ops++;
-  run_now(op, stack, one_thread);
+  run_now(op, stack, one_thread, borrowed);
 }
 
 namespace {

@@ -35,24 +35,27 @@ bool sync_each_op() {
   return on;
 }
 
+// Whether any tensor of the call's arguments passes `test`.
+template <class F>
+bool any_tensor(const c10::OperatorHandle& op, const torch::jit::Stack& stack, F&& test) {
+  bool found = false;
+  for (const auto& v : torch::jit::last(stack, op.schema().arguments().size()))
+    capture::for_each_tensor(v, [&](const at::Tensor& t) { found = found || test(t); });
+  return found;
+}
+
 // Whether the call has a tensor that is not an mgpu one (a copy from the
 // host's source).
 bool has_host_tensor(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  bool found = false;
-  for (const auto& v : torch::jit::last(stack, op.schema().arguments().size()))
-    capture::for_each_tensor(v, [&](const at::Tensor& t) { found = found || (t.defined() && !capture::is_mgpu(t)); });
-  return found;
+  return any_tensor(op, stack, [](const at::Tensor& t) { return t.defined() && !capture::is_mgpu(t); });
 }
 
 // Whether the call has an mgpu tensor over a storage mgpu did not make (a
 // wrapper subclass's, under no_dispatch): it cannot run eagerly either.
 bool has_foreign_storage(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  bool found = false;
-  for (const auto& v : torch::jit::last(stack, op.schema().arguments().size()))
-    capture::for_each_tensor(v, [&](const at::Tensor& t) {
-      found = found || (capture::is_mgpu(t) && t.has_storage() && !capture::is_lazy_storage(t.storage()));
-    });
-  return found;
+  return any_tensor(op, stack, [](const at::Tensor& t) {
+    return capture::is_mgpu(t) && t.has_storage() && !capture::is_lazy_storage(t.storage());
+  });
 }
 
 // The settings the pending ops were called with (guarded by the state lock).
@@ -82,9 +85,8 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     pending_state() = state;
   }
   if (capture::runs_eagerly(info)) {
-    if (borrowed) borrowed->own();
     engine::at_call::ProgramRead read;  // it reads values: the trace ends with it
-    eager_fallback(op, stack);
+    eager_fallback(op, stack, borrowed);
     return;
   }
   // At the call: the CPU kernel now, as eager runs it. Not an empty
@@ -94,11 +96,13 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   // whose kernel rounds by its thread count keeps the caller's threads.
   if (way != engine::at_call::Way::Lazy && !capture::is_empty_factory(info) &&
       !(cpu_as_meta && has_host_tensor(op, *stack)) && !has_foreign_storage(op, *stack)) {
-    if (borrowed) borrowed->own();
-    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread && !capture::is_thread_sensitive(info));
+    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread && !capture::is_thread_sensitive(info),
+                borrowed);
     return;
   }
   if (!cpu_as_meta) capture::check_same_device(info, op, torch::jit::last(*stack, op.schema().arguments().size()));
+  // torch.empty: no value yet, nothing to record.
+  if (capture::record_empty(info, op, stack, state)) return;
   bool background_safe = false;
   try {
     background_safe = capture::record(info, op, stack, cpu_as_meta, state, borrowed);

@@ -9,6 +9,9 @@
 
 namespace torch_mgpu::capture {
 
+// A Generator or Generator? argument (signature.cpp).
+bool is_generator(const c10::Argument& a);
+
 template <class F>
 void for_each_tensor(const c10::IValue& v, F&& fn) {
   if (v.isTensor()) {

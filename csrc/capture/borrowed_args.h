@@ -69,6 +69,21 @@ class BorrowedArgs {
     slots_.clear();
   }
 
+  // Whether a borrowed slot holds `impl`'s tensor.
+  bool borrows(const c10::TensorImpl* impl) const {
+    for (const auto& e : slots_)
+      if (e.second == impl) return true;
+    return false;
+  }
+
+  // Pushes onto the stack, borrowed again, a tensor whose slot release()
+  // emptied (an in-place op's result is its argument), checked by the caller
+  // with borrows() before the release: released as the others.
+  void push_again(c10::TensorImpl* impl) {
+    slots_.emplace_back(static_cast<uint32_t>(stack_->size()), impl);
+    stack_->emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl)));
+  }
+
   // The borrowed slots become None without releasing references.
   void release() {
     for (const auto& [i, impl] : slots_) {

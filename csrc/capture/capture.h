@@ -38,7 +38,8 @@ bool is_thread_sensitive(const OpInfo& info);
 bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 // Whether the op's kernels never read the float32 matmul precision: an
-// elementwise op (ATen's `pointwise` tag) multiplies no matrices.
+// elementwise op (ATen's `pointwise` tag) or an empty factory multiplies no
+// matrices.
 bool ignores_matmul_precision(const OpInfo& info);
 
 // Eager's rule: host tensors beside mgpu tensors only as 0-dim scalars.
@@ -54,6 +55,14 @@ void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::A
 // Under the state lock.
 bool record(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool cpu_as_meta,
             const ir::CallState& state, BorrowedArgs* borrowed);
+
+// torch.empty and empty_strided as most calls make them (strided, not
+// pinned, a contiguous or given layout, sizes known): their result made
+// directly, as no value yet, with neither inference nor a node. Returns
+// false, touching nothing, for any other call (record() takes it and raises
+// eager's errors). Under the state lock.
+bool record_empty(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  const ir::CallState& state);
 
 // Whether this thread is running a call's Meta kernel for record(): a
 // Python Meta kernel's out= resize check then warns as ATen does

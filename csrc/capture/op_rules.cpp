@@ -216,6 +216,6 @@ bool is_empty_factory(const OpInfo& info) { return info.empty_factory; }
 
 bool is_thread_sensitive(const OpInfo& info) { return info.thread_sensitive; }
 
-bool ignores_matmul_precision(const OpInfo& info) { return info.pointwise; }
+bool ignores_matmul_precision(const OpInfo& info) { return info.pointwise || info.empty_factory; }
 
 } // namespace torch_mgpu::capture

@@ -234,8 +234,7 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
       a.constant = v;
     }
   }
-  if (!random && op.hasTag(at::Tag::nondeterministic_seeded) && !draws_nothing(schema, args))
-    node->seed = draw_seed(std::nullopt);
+  if (draws_from_default_generator(op, args)) node->seed = draw_seed(std::nullopt);
 
   return node;
 }
@@ -342,6 +341,62 @@ void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, 
 bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   return !has_generator_arg(op.schema()) && op.hasTag(at::Tag::nondeterministic_seeded) &&
       !draws_nothing(op.schema(), args);
+}
+
+bool record_empty(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  const ir::CallState& state) {
+  if (!info.empty_factory || (state.deterministic && state.fill_uninitialized)) return false;
+  const auto& formals = op.schema().arguments();
+  const size_t nargs = formals.size();
+  c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - nargs, nargs);
+  // empty(size, dtype, layout, device, pin_memory, memory_format) or
+  // empty_strided(size, stride, dtype, layout, device, pin_memory).
+  const bool strided = nargs > 1 && formals[1].name() == "stride";
+  const size_t opts = strided ? 2 : 1;
+  if (nargs < opts + 4) return false;
+  auto dims = [](const c10::IValue& v, ir::Dims& out) {
+    if (!v.isIntList()) return false;  // symbolic sizes: record()
+    for (const int64_t x : v.toIntList()) {
+      if (x < 0) return false;  // record() raises eager's error
+      out.push_back(x);
+    }
+    return true;
+  };
+  const auto& dtype = args[opts];
+  const auto& layout = args[opts + 1];
+  const auto& device = args[opts + 2];
+  const auto& pinned = args[opts + 3];
+  if (!(layout.isNone() || (layout.isInt() && static_cast<c10::Layout>(layout.toInt()) == c10::kStrided))) return false;
+  if (!(pinned.isNone() || (pinned.isBool() && !pinned.toBool()))) return false;
+  if (!device.isDevice() || device.toDevice().type() != c10::DeviceType::PrivateUse1) return false;
+  if (!strided) {
+    const auto& format = args[opts + 4];
+    if (!(format.isNone() || (format.isInt() && static_cast<c10::MemoryFormat>(format.toInt()) == c10::MemoryFormat::Contiguous)))
+      return false;
+  }
+  ir::TensorGeometry g;
+  g.dtype = dtype.isNone() ? state.default_dtype : static_cast<c10::ScalarType>(dtype.toInt());
+  if (!dims(args[0], g.sizes)) return false;
+  const size_t item = c10::elementSize(g.dtype);
+  size_t nbytes = 0;
+  if (strided) {
+    if (!dims(args[1], g.strides) || g.strides.size() != g.sizes.size()) return false;
+    nbytes = at::detail::computeStorageNbytes(g.sizes, g.strides, item);
+  } else {
+    g.strides.resize(g.sizes.size());
+    int64_t stride = 1;
+    for (size_t d = g.sizes.size(); d-- > 0;) {
+      g.strides[d] = stride;
+      stride *= std::max<int64_t>(g.sizes[d], 1);
+    }
+    nbytes = at::detail::computeStorageNbytesContiguous(g.sizes, item);  // raises eager's overflow error
+  }
+  check_device_index(device.toDevice().index());
+  const auto index = std::max<c10::DeviceIndex>(device.toDevice().index(), 0);
+  at::Tensor t = make_lazy_tensor(new_storage(nbytes, index, ir::make_empty(nbytes)), g);
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(std::move(t));
+  return true;
 }
 
 // The phases: the call's signature (the cache key), what it returns and

@@ -44,8 +44,8 @@ struct HeldWarnings : c10::WarningHandler {
 
 inline bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
-// A Generator or Generator? argument; whether the schema takes one.
-bool is_generator(const c10::Argument& a);
+// Whether the schema takes a Generator or Generator? argument
+// (is_generator, arguments.h).
 bool has_generator_arg(const c10::FunctionSchema& s);
 // A probe's generators: a throwaway one for each (signature.cpp).
 void throwaway_generators(const c10::FunctionSchema& schema, torch::jit::Stack& s);
