@@ -287,3 +287,18 @@ def test_each_read_ends_a_trace(at_call):
         torch_mgpu.synchronize()
     ops = sorted(t["ops"] for t in torch_mgpu.trace_choices() if t["runs"] == 3)
     assert ops == [1, 2, 5]  # exp; add, relu; mul, tanh, sin, sum, item
+
+
+def test_the_same_ops_over_other_sizes_are_another_trace(at_call):
+    """A trace is its ops and the sizes they work on: a program that runs the
+    same ops over small and large inputs gets a choice for each."""
+    at_call("auto")
+    g = torch.Generator().manual_seed(5)
+    small, large = torch.randn(8, 8, generator=g).to("mgpu"), torch.randn(40, 40, generator=g).to("mgpu")
+    torch_mgpu.synchronize()
+    known = {t["trace"] for t in torch_mgpu.trace_choices()}
+    for _ in range(3):
+        for m in (small, large):
+            (m @ m).relu().sum().item()
+    new = [t for t in torch_mgpu.trace_choices() if t["trace"] not in known and t["runs"] == 3]
+    assert len(new) == 2 and new[0]["ops"] == new[1]["ops"], new

@@ -180,7 +180,26 @@ std::string mode() {
   return tracer().mode;
 }
 
-Way on_call(const void* op) {
+uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
+  auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; };
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      if (!t.defined()) continue;
+      uint64_t h = mix(kHashSeed, static_cast<uint64_t>(t.dim()));
+      for (const int64_t d : t.sizes()) h = mix(h, static_cast<uint64_t>(d));
+      return h;
+    }
+    if (v.isIntList()) {
+      uint64_t h = mix(kHashSeed, 0x51ull);
+      for (const int64_t d : v.toIntList()) h = mix(h, static_cast<uint64_t>(d));
+      return h;
+    }
+  }
+  return 0;
+}
+
+Way on_call(const void* op, uint64_t shape) {
   auto& t = tracer();
   if (t.ops == 0) {
     if (!t.started) {
@@ -199,6 +218,7 @@ Way on_call(const void* op) {
     }
   }
   t.hash = (t.hash ^ reinterpret_cast<uintptr_t>(op)) * 0x100000001b3ull;
+  t.hash = (t.hash ^ shape) * 0x100000001b3ull;
   t.hash ^= t.hash >> 29;
   ++t.ops;
   return t.way;

@@ -16,6 +16,8 @@
 #include "ir/lru.h"
 #include "ir/trial.h"
 
+#include <ATen/core/ivalue.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -105,8 +107,13 @@ std::string mode();
 
 // A call about to be recorded (backend::record_call, under the state lock):
 // counts it into the trace and says how it runs. `op` names the op (its
-// schema's address).
-Way on_call(const void* op);
+// schema's address), `shape` the sizes it works on (call_shape): the same
+// ops over other sizes are another trace, with a choice of its own.
+Way on_call(const void* op, uint64_t shape);
+
+// The sizes a call works on, hashed: its first tensor's, else its first
+// list of ints (a factory's size), else 0.
+uint64_t call_shape(c10::ArrayRef<c10::IValue> args);
 
 // A read of the program's values (a sync, a copy to the host, an op that
 // runs eagerly because it reads them): the trace in progress ends when the
