@@ -27,7 +27,7 @@ struct Borrowing;
 template <class Op, class R, class... A>
 struct Borrowing<Op, R(A...)> {
   static_assert(std::is_same_v<R, at::Tensor> || std::is_same_v<R, at::Tensor&>,
-                "borrowing kernels return one tensor (in-place ops: their first argument)");
+                "borrowing kernels return one tensor (in-place ops: their first argument; out= ops: their last)");
   static inline std::optional<c10::OperatorHandle> handle;
 
   static R call(A... args) {
@@ -38,11 +38,15 @@ struct Borrowing<Op, R(A...)> {
     record_call(*handle, &stack, /*cpu_as_meta=*/false, &borrowed);
     if constexpr (std::is_same_v<R, at::Tensor>) {
       return std::move(stack.back()).toTensor();
-    } else {
+    } else if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<A...>>, at::Tensor&>) {
       // In-place ops return the tensor they write, their first argument
       // (what the dispatcher's boxed wrapper returns for them too).
-      static_assert(std::is_same_v<std::tuple_element_t<0, std::tuple<A...>>, at::Tensor&>);
       return std::get<0>(std::forward_as_tuple(args...));
+    } else {
+      // out= ops return their out= tensor, their last argument.
+      static_assert(std::is_same_v<std::tuple_element_t<sizeof...(A) - 1, std::tuple<A...>>, at::Tensor&>,
+                    "borrowing kernels of out= ops return their last argument");
+      return std::get<sizeof...(A) - 1>(std::forward_as_tuple(args...));
     }
   }
 };
@@ -76,7 +80,8 @@ void add_kernel(torch::Library& lib) {
 
 } // namespace
 
-// Ops with a PrivateUse1 kernel from an unboxed call site. Not listed: ops
+// Ops with a PrivateUse1 kernel from an unboxed call site (a composite's
+// out= call included: abs is empty + abs.out). Not listed: ops
 // with only a composite kernel (views, clone, the .Scalar overloads of the
 // arithmetic ops: their composites call the ops below), which never reach
 // the backend as themselves, and ops returning several tensors.
@@ -90,7 +95,8 @@ void add_kernel(torch::Library& lib) {
   X(softplus) X(hardtanh) X(elu) X(tanh_) X(sigmoid_) X(exp_) X(neg_) X(sum_dim_IntList) X(mean_dim) X(amax)      \
   X(amin) X(argmax) X(argmin) X(prod) X(_softmax) X(_log_softmax) X(var_correction) X(std_correction)             \
   X(linalg_vector_norm) X(mm) X(bmm) X(addmm) X(baddbmm) X(dot) X(fill__Scalar) X(zero_) X(masked_fill__Scalar)   \
-  X(index_select) X(gather)
+  X(index_select) X(gather) X(abs_out) X(mul_out) X(lerp__Scalar) X(addcmul_) X(addcdiv_) X(gelu_backward)        \
+  X(threshold_backward)
 
 void register_borrowing_kernels(torch::Library& lib) {
 #define TORCH_MGPU_ADD_KERNEL(op) add_kernel<at::_ops::op>(lib);
