@@ -302,3 +302,26 @@ def test_the_same_ops_over_other_sizes_are_another_trace(at_call):
             (m @ m).relu().sum().item()
     new = [t for t in torch_mgpu.trace_choices() if t["trace"] not in known and t["runs"] == 3]
     assert len(new) == 2 and new[0]["ops"] == new[1]["ops"], new
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_out_and_in_place_calls_of_the_optimizers_and_composites_reach_unboxed_kernels(at_call, mode):
+    """abs (empty + abs.out), mul's out=, and Adam's lerp_, addcmul_ and
+    addcdiv_ have unboxed kernels that borrow their tensors; an out= call
+    returns its out= tensor, resized as eager resizes it, recorded or at the
+    call."""
+    for name in ("aten::abs.out", "aten::mul.out", "aten::lerp_.Scalar", "aten::addcmul_", "aten::addcdiv_"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"), name
+    at_call(mode)
+    g = torch.Generator().manual_seed(6)
+    a, b, c = (torch.randn(5, 7, generator=g) for _ in range(3))
+    ma, mb, mc = a.to("mgpu"), b.to("mgpu"), c.to("mgpu")
+    out_m, out = torch.empty(3, device="mgpu"), torch.empty(3)
+    assert torch.abs(ma, out=out_m) is out_m
+    torch.abs(a, out=out)
+    assert out_m.shape == out.shape and torch.equal(out_m.cpu(), out)
+    assert torch.mul(ma, mb, out=out_m) is out_m
+    assert torch.equal(out_m.cpu(), torch.mul(a, b))
+    assert ma.lerp_(mb, 0.3) is ma and ma.addcmul_(mb, mc, value=0.5) is ma and ma.addcdiv_(mb, mc.abs() + 1) is ma
+    a.lerp_(b, 0.3).addcmul_(b, c, value=0.5).addcdiv_(b, c.abs() + 1)
+    assert torch.equal(ma.cpu(), a)
