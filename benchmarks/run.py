@@ -250,24 +250,37 @@ def case_key(case):
     return f"{case.workload}/{case.name}"
 
 
-def eager_one_thread(case, quick):
-    """Times eager with one intra-op thread in a child process (see run_case)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--eager-1t", case_key(case)] + (["--quick"] if quick else [])
+# Variants timed in a process of their own (child_variant): eager with one
+# intra-op thread (setting the thread count to 1 and back slowed every later
+# run of a process, eager and mgpu alike, by 25-50% on inception), and
+# jit.fork (its inter-op threads, each with an OpenMP team of its own, slowed
+# every later run of a process: eager with two threads 2.4x, mgpu 1.4x, on
+# 2 branches 64).
+CHILD_VARIANTS = ("eager_1t", "jit_fork")
+
+
+def in_child(variant, case, quick):
+    """Times one variant of a case in a child process (see CHILD_VARIANTS)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, case_key(case)] + (["--quick"] if quick else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"eager one-thread run of {case_key(case)} failed:\n{r.stderr[-2000:]}")
-    return {"eager_1t": json.loads(r.stdout.strip().splitlines()[-1])}
+        raise RuntimeError(f"{variant} run of {case_key(case)} failed:\n{r.stderr[-2000:]}")
+    return {variant: json.loads(r.stdout.strip().splitlines()[-1])}
 
 
-def child_eager_one_thread(key, quick):
-    torch.set_num_threads(1)
+def child_variant(variant, key, quick):
+    if variant == "eager_1t":
+        torch.set_num_threads(1)
     for mod in MODULES:
         for case in mod.cases(quick):
             if case_key(case) == key:
                 cpu_in = case.make("cpu")
-                res = measure_interleaved({"eager_1t": (lambda: case.fn(*cpu_in), nothing, nothing)}, case.reps)
-                print(json.dumps(res["eager_1t"]))
-                return 0
+                fn = case.fn if variant == "eager_1t" else case.fork
+                res = measure_interleaved({variant: (lambda: fn(*cpu_in), nothing, nothing)}, case.reps)
+                print(json.dumps(res[variant]), flush=True)
+                # No teardown: jit.fork's inter-op threads may still run then
+                # ("terminate called without an active exception").
+                os._exit(0)
     print(f"no case {key}", file=sys.stderr)
     return 2
 
@@ -279,13 +292,12 @@ def run_case(case, quick):
     torch_mgpu.synchronize()
     capture_only = case.extra.get("capture_only", False)
 
-    # Eager with one thread runs in a process of its own: setting the thread
-    # count to 1 and back slowed every later run of this process (eager and
-    # mgpu alike, by 25-50% on inception).
-    res.update(eager_one_thread(case, quick))
-    variants = {"eager": (lambda: case.fn(*cpu_in), nothing, nothing)}
+    # Eager with one thread and jit.fork run in processes of their own
+    # (CHILD_VARIANTS).
+    res.update(in_child("eager_1t", case, quick))
     if case.fork is not None:
-        variants["jit_fork"] = (lambda: case.fork(*cpu_in), nothing, nothing)
+        res.update(in_child("jit_fork", case, quick))
+    variants = {"eager": (lambda: case.fn(*cpu_in), nothing, nothing)}
     compiled_fns = {}
     if not quick and case.compile_ok:
         # Cases share functions (several shapes, two backends): recompiles
@@ -472,10 +484,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated workload names")
-    ap.add_argument("--eager-1t", default="", help=argparse.SUPPRESS)  # internal: one case, eager, one thread
+    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)  # internal: VARIANT CASE, alone
     a = ap.parse_args()
-    if a.eager_1t:
-        return child_eager_one_thread(a.eager_1t, a.quick)
+    if a.child:
+        return child_variant(a.child[0], a.child[1], a.quick)
     only = set(a.only.split(",")) if a.only else None
     # mgpu calibrates its cost model at first use: here, before inductor's
     # compile workers start and load the machine.
@@ -509,7 +521,7 @@ def main():
         f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
         "",
         "Times in ms: median (min..max) of the repetitions after 5 warm-up runs; the variants of a case run",
-        "round-robin (eager, jit.fork, torch.compile, mgpu, then again; eager with 1 thread in a process of its own),",
+        "round-robin (eager, torch.compile, mgpu, then again; eager with 1 thread and jit.fork each in a process of its own: each slowed later runs of a process),",
         "so that changes in the machine's speed hit them alike, each run after 3 ms idle (threads the run before",
         "left spinning, an OpenMP team's or mgpu's lanes, would take the core the next one runs on). Speed-up is over the better of eager",
         "with default threads and eager with one thread (what a user could pick instead; higher is better).",
