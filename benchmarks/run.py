@@ -269,6 +269,9 @@ def in_child(variant, case, quick):
 
 
 def child_variant(variant, key, quick):
+    if variant not in CHILD_VARIANTS:
+        print(f"no child variant {variant}", file=sys.stderr)
+        return 2
     if variant == "eager_1t":
         torch.set_num_threads(1)
     for mod in MODULES:

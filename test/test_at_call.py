@@ -84,6 +84,8 @@ def test_in_place_ops_at_the_call_return_their_argument_and_take_no_reference(at
         mx.mul_(mx).clamp_(max=4.0)  # the same tensor twice
         x.add_(1.25)
         x.mul_(x).clamp_(max=4.0)
+    with pytest.raises(RuntimeError, match="must match the size"):  # a kernel that raises: the same count
+        mx.add_(torch.ones(3, device="mgpu"))
     assert sys.getrefcount(mx) == before
     assert torch.equal(mx.cpu(), x)
     gone = weakref.ref(mx)

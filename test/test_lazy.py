@@ -280,6 +280,12 @@ def test_empty_factories_are_made_with_no_inference_and_eagers_geometry():
         torch.empty(2, -1, device="mgpu")
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.empty(2, device="mgpu:7")
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.empty(2**62, 2**62, device="mgpu")
+    import warnings
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert torch.empty(2, dtype=torch.complex32, device="mgpu").dtype == torch.complex32
 
 
 def test_dtypes_and_conversions():

@@ -353,7 +353,7 @@ bool record_empty(const OpInfo& info, const c10::OperatorHandle& op, torch::jit:
   // empty_strided(size, stride, dtype, layout, device, pin_memory).
   const bool strided = nargs > 1 && formals[1].name() == "stride";
   const size_t opts = strided ? 2 : 1;
-  if (nargs < opts + 4) return false;
+  if (nargs < 6) return false;  // both take six arguments
   auto dims = [](const c10::IValue& v, ir::Dims& out) {
     if (!v.isIntList()) return false;  // symbolic sizes: record()
     for (const int64_t x : v.toIntList()) {
@@ -376,22 +376,24 @@ bool record_empty(const OpInfo& info, const c10::OperatorHandle& op, torch::jit:
   }
   ir::TensorGeometry g;
   g.dtype = dtype.isNone() ? state.default_dtype : static_cast<c10::ScalarType>(dtype.toInt());
+  // complex32's kernels warn that it is experimental: record() gives that warning.
+  if (g.dtype == c10::ScalarType::ComplexHalf) return false;
   if (!dims(args[0], g.sizes)) return false;
+  check_device_index(device.toDevice().index());
   const size_t item = c10::elementSize(g.dtype);
   size_t nbytes = 0;
   if (strided) {
     if (!dims(args[1], g.strides) || g.strides.size() != g.sizes.size()) return false;
     nbytes = at::detail::computeStorageNbytes(g.sizes, g.strides, item);
   } else {
+    nbytes = at::detail::computeStorageNbytesContiguous(g.sizes, item);  // raises eager's overflow error first
     g.strides.resize(g.sizes.size());
     int64_t stride = 1;
     for (size_t d = g.sizes.size(); d-- > 0;) {
       g.strides[d] = stride;
       stride *= std::max<int64_t>(g.sizes[d], 1);
     }
-    nbytes = at::detail::computeStorageNbytesContiguous(g.sizes, item);  // raises eager's overflow error
   }
-  check_device_index(device.toDevice().index());
   const auto index = std::max<c10::DeviceIndex>(device.toDevice().index(), 0);
   at::Tensor t = make_lazy_tensor(new_storage(nbytes, index, ir::make_empty(nbytes)), g);
   torch::jit::drop(*stack, nargs);

@@ -182,13 +182,20 @@ std::string mode() {
 
 uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
   auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; };
+  auto of = [&](const at::Tensor& t) {
+    uint64_t h = mix(kHashSeed, static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()));
+    for (const int64_t d : t.sizes()) h = mix(h, static_cast<uint64_t>(d));
+    return h;
+  };
   for (const auto& v : args) {
     if (v.isTensor()) {
-      const auto& t = v.toTensor();
-      if (!t.defined()) continue;
-      uint64_t h = mix(kHashSeed, static_cast<uint64_t>(t.dim()));
-      for (const int64_t d : t.sizes()) h = mix(h, static_cast<uint64_t>(d));
-      return h;
+      if (!v.toTensor().defined()) continue;
+      return of(v.toTensor());
+    }
+    if (v.isTensorList()) {  // cat, the foreach ops: the first element's
+      const auto l = v.toTensorList();
+      if (l.empty() || !l.get(0).defined()) continue;
+      return mix(of(l.get(0)), l.size());
     }
     if (v.isIntList()) {
       uint64_t h = mix(kHashSeed, 0x51ull);

@@ -111,7 +111,8 @@ std::string mode();
 // ops over other sizes are another trace, with a choice of its own.
 Way on_call(const void* op, uint64_t shape);
 
-// The sizes a call works on, hashed: its first tensor's, else its first
+// The sizes a call works on, hashed: its first tensor's (with its dtype),
+// or its first tensor list's first element's and length, else its first
 // list of ints (a factory's size), else 0.
 uint64_t call_shape(c10::ArrayRef<c10::IValue> args);
 
