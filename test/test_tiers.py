@@ -319,11 +319,11 @@ def test_background_flights_run_compiled_code(tiered, no_trial):
         if k in (1, 2):  # (a graph of the first step may differ: its hits start one step later)
             assert torch_mgpu.wait_for_compiles(300)
     assert flights == [3] * 8, flights
-    # The first step runs tier 0. Its second and third flights have one
-    # structure (64 ops of the chain over a pending input): hot after the
-    # first step, their compile may be done by the second one (inductor's
-    # cache warm from an earlier compile of the same code), or not.
-    assert runs[0] == 0 and runs[1] in (0, 2) and runs[4:] == [4] * 4, (runs, torch_mgpu._C._tier_last_error())
+    # The first step runs tier 0. Its graphs are hot after it and compile
+    # in the background: by the second step any number of those compiles
+    # may be done (inductor's cache warm from an earlier compile of the same
+    # code, a busy machine), so that step runs 0 to 4 of them compiled.
+    assert runs[0] == 0 and 0 <= runs[1] <= 4 and runs[4:] == [4] * 4, (runs, torch_mgpu._C._tier_last_error())
 
 
 @pytest.fixture
