@@ -1,4 +1,5 @@
 """Random ops are deterministic under torch.manual_seed."""
+import pytest
 import torch
 
 import torch_mgpu
@@ -64,11 +65,26 @@ def test_explicit_generator():
     assert torch.equal(a, b)
 
 
-def test_checking_random_calls_undoes_no_draw_of_another_thread():
+@pytest.mark.parametrize("at_call", ["off", "on"])
+def test_checking_random_calls_undoes_no_draw_of_another_thread(at_call):
     # The first call of each signature is checked on CPU. A call passing no
     # generator drew from the default CPU generator there, whose state was
     # then put back: a CPU draw another thread made meanwhile was undone,
-    # and that thread got the same numbers twice.
+    # and that thread got the same numbers twice. So did running such a
+    # call (rand, randint.low) lazily or at the call, with the default
+    # generator seeded for it: its overload that takes a generator is
+    # called with one of its own.
+    saved = torch_mgpu._C._at_call()
+    torch_mgpu.synchronize()
+    torch_mgpu.configure(at_call=at_call)
+    try:
+        _draws_beside_random_calls()
+    finally:
+        torch_mgpu.synchronize()
+        torch_mgpu._C._set_at_call(saved)
+
+
+def _draws_beside_random_calls():
     import threading
     n_draws = 20000
     torch.manual_seed(11)
@@ -89,6 +105,7 @@ def test_checking_random_calls_undoes_no_draw_of_another_thread():
             torch.rand(n, device="mgpu")  # a new signature each time
             torch.empty(n + 1, device="mgpu").normal_()
             torch.randint(0, 5, (n,), device="mgpu")
+            torch.randperm(20000 + n, device="mgpu")  # a long draw
             n += 1
             started.set()
         torch_mgpu.synchronize()

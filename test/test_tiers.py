@@ -136,6 +136,38 @@ def test_tier_0_runs_on_other_lanes_are_no_samples_of_a_trial(tiered):
     assert tiers[12:] in ([1, 1], [0, 0]), tiers  # kept, or not
 
 
+def test_a_compile_on_the_compile_thread_undoes_no_draw_of_the_program(tiered, monkeypatch):
+    # Inductor and AOT autograd read the default generator's state at the
+    # start of a compile and set it back at its end (preserve_rng_state).
+    # The compile thread runs beside the program: a draw the program made
+    # meanwhile was undone, and its numbers came again.
+    from torch._dynamo import utils as dynamo_utils
+    compiling, drawn = threading.Event(), threading.Event()
+    real = _tiers.compile_request
+
+    def drawn_during(req):
+        with dynamo_utils.preserve_rng_state():  # as compile_fx takes it
+            compiling.set()
+            assert drawn.wait(120)
+            return real(req)
+
+    monkeypatch.setattr(_tiers, "compile_request", drawn_during)
+    chain = unary_chain(torch.cos, 23, 0.9999)
+    xm = torch.randn(64).to("mgpu")
+    torch.manual_seed(3)
+    want = torch.rand(20)
+    torch.manual_seed(3)
+    try:
+        for _ in range(3):
+            chain(xm).cpu()
+        assert compiling.wait(120)
+        first = torch.rand(10)  # while the graph compiles
+    finally:
+        drawn.set()
+    assert torch_mgpu.wait_for_compiles(300)
+    assert torch.equal(torch.cat([first, torch.rand(10)]), want)
+
+
 def test_kept_code_that_slows_down_goes_through_a_second_trial(tiered, monkeypatch):
     # Kept code is watched: when its recent runs take twice what its first
     # ones took (here: it starts sleeping, as on a machine that got busy),

@@ -32,7 +32,9 @@ MetaResult infer(const c10::OperatorHandle& op, std::vector<c10::IValue> margs, 
       bool was;
       ~Restore() { inferring = was; }
     } restore{was};
-    op.callBoxed(&s);
+    // CPU twins (no Meta kernel): the CPU kernel, moving no generator.
+    if (call.cpu_twins) call_drawing_nothing(op, s);
+    else op.callBoxed(&s);
   }
   MetaResult r;
   auto describe = [&](const at::Tensor& t) {
@@ -103,8 +105,6 @@ MetaResult infer_without_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   auto targs = meta_arguments(op.schema(), args, twins);
   throwaway_generators(op.schema(), targs);
   c10::WarningUtils::WarningHandlerGuard to(&warned);
-  std::optional<CpuGeneratorRestored> restored;
-  if (op.hasTag(at::Tag::nondeterministic_seeded) && !has_generator_arg(op.schema())) restored.emplace();
   return infer(op, std::move(targs), twins);
 }
 

@@ -5,11 +5,14 @@
 #include "ir/call_state.h"
 #include "ir/env.h"
 #include "ir/errors.h"
+#include "ir/generators.h"
 #include "ir/view.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 
 namespace torch_mgpu::capture {
@@ -162,7 +165,7 @@ torch::jit::Stack probe_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
         // another view of it or not at all.
       }
     }
-  op.callBoxed(&s);
+  call_drawing_nothing(op, s);
   if (written) {
     written->clear();
     for (const auto& t : written_twins) written->push_back(geometry_of(t));
@@ -179,7 +182,7 @@ torch::jit::Stack probe_cut(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   at::AutoDispatchBelowADInplaceOrView guard;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   c10::WarningUtils::WarningHandlerGuard silenced(&ir::silent_warnings());
-  op.callBoxed(&s);
+  call_drawing_nothing(op, s);
   return s;
 }
 
@@ -370,13 +373,7 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
   // compiled partition, Python), not to be run on made-up inputs.
   if (schema.name().rfind("aten::", 0) != 0) return false;
   // Random ops are probed too (their bounds checks: `random_(0, -1)`,
-  // `uniform_(0, -42)`): a Generator argument, given or not, becomes a
-  // throwaway one (throwaway_generators). Seeded ops with no Generator
-  // argument (dropout) draw from the default CPU generator, which gets its
-  // state back: the probe moves no generator the program can see (a draw
-  // another thread makes from it during such a probe is undone).
-  std::optional<CpuGeneratorRestored> restored;
-  if (op.hasTag(at::Tag::nondeterministic_seeded) && !has_generator_arg(schema)) restored.emplace();
+  // `uniform_(0, -42)`), moving no generator (call_drawing_nothing).
   constexpr int64_t kMaxFullProbeNumel = int64_t{1} << 24;
   // Tensor results only, one per MetaResult tensor, in order.
   bool plain = true;
@@ -451,6 +448,32 @@ bool probe_errors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args
 int64_t full_probe_numel() {
   static const int64_t limit = ir::env::integer(ir::env::Var::FullProbeNumel, int64_t{1} << 14);
   return limit;
+}
+
+void call_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack& s) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded) || has_generator_arg(op.schema())) {
+    op.callBoxed(&s);
+    return;
+  }
+  if (ir::has_generator_overload(op)) {
+    ir::call_with_generator(op, s, at::make_generator<at::CPUGeneratorImpl>());
+    return;
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+  }
+  struct Restore {
+    at::Generator& gen;
+    const at::Tensor& saved;
+    ~Restore() {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(saved);
+    }
+  } restore{gen, saved};
+  op.callBoxed(&s);
 }
 
 } // namespace torch_mgpu::capture

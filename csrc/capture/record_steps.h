@@ -167,24 +167,15 @@ struct Call {
 std::vector<c10::IValue> meta_arguments(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                                         Call& call);
 
-// The default CPU generator's state, put back when this is destroyed.
-class CpuGeneratorRestored {
-public:
-  CpuGeneratorRestored() : gen_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    saved_ = gen_.get_state();
-  }
-  ~CpuGeneratorRestored() {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    gen_.set_state(saved_);
-  }
-  CpuGeneratorRestored(const CpuGeneratorRestored&) = delete;
-  CpuGeneratorRestored& operator=(const CpuGeneratorRestored&) = delete;
-
-private:
-  at::Generator gen_;
-  at::Tensor saved_;
-};
+// Calls `op` on CPU over made-up arguments (the probe, inference with no
+// Meta kernel), moving no generator the program can see. A Generator
+// argument is a throwaway one already (throwaway_generators). An op that
+// draws from the default CPU generator with no Generator argument draws
+// from a throwaway one too, through its overload that takes one (rand ->
+// rand.generator); one with no such overload (dropout) draws from the
+// default generator, whose state is put back after it (a draw another
+// thread makes from it meanwhile is undone).
+void call_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack& s);
 
 // Meta inference (infer.cpp): the op on Meta twins (or, with no Meta
 // kernel, on CPU twins of zeros), its results described.

@@ -3,6 +3,7 @@
 // recorded.
 #include "runtime/run_node.h"
 #include "ir/call_state.h"
+#include "ir/generators.h"
 #include "runtime/counters.h"
 #include "runtime/observer.h"
 
@@ -128,10 +129,24 @@ void push_arguments(const ir::Node& n, const std::vector<c10::Storage>& operands
 } // namespace
 
 void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t seed, c10::Device device) {
-  // One seeded op at a time; the generator's own mutex is not held while
-  // the op runs, since the op locks it to draw.
-  std::lock_guard<std::mutex> lock(global_generator_mutex());
   at::Generator gen = at::globalContext().defaultGenerator(device);
+  if (ir::has_generator_overload(op)) {
+    // A generator of its own, seeded: the default one is not touched, so a
+    // draw another thread makes from it meanwhile stays its own.
+    at::Generator own;
+    {
+      std::lock_guard<std::mutex> glock(gen.mutex());
+      own = gen.clone();
+    }
+    own.set_current_seed(seed);
+    ir::call_with_generator(op, stack, std::move(own));
+    return;
+  }
+  // No such overload (native_dropout, the RNNs): the default generator is
+  // seeded for the call and put back after it, one such op at a time. The
+  // generator's own mutex is not held while the op runs, since the op locks
+  // it to draw.
+  std::lock_guard<std::mutex> lock(global_generator_mutex());
   at::Generator saved;
   {
     std::lock_guard<std::mutex> glock(gen.mutex());

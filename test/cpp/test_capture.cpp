@@ -1,6 +1,9 @@
 // The mgpu device from plain C++ (LibTorch, no Python, no TorchScript).
 #include "capture/borrowed_args.h"
+#include "ir/generators.h"
+#include "runtime/run_node.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <torch_mgpu/mgpu.h>
 
@@ -109,6 +112,39 @@ TEST(Cpp, ShapeRunOfARandomOpLeavesTheGlobalGeneratorAlone) {
   auto out = d.cpu();
   EXPECT_TRUE(((out == 0) | (out == 2)).all().item<bool>());
   EXPECT_GT((out == 0).sum().item<int64_t>(), 0);
+}
+
+// An op that draws from the default generator with no Generator argument
+// runs seeded through its overload that takes one, with a generator of its
+// own: the numbers of a generator seeded so, the default one not touched
+// (another thread may be drawing from it).
+TEST(Capture, SeededOpsWithoutAGeneratorDrawFromAGeneratorOfTheirOwn) {
+  namespace ir = torch_mgpu::ir;
+  auto op = [](const char* name, const char* overload) {
+    return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  };
+  for (const auto& [name, overload] : {std::pair{"aten::rand", ""}, {"aten::rand", "out"}, {"aten::randint", "low"},
+                                       {"aten::randint", "low_out"}, {"aten::randperm", "out"},
+                                       {"aten::randint_like", "low_dtype"}})
+    EXPECT_TRUE(ir::has_generator_overload(op(name, overload))) << name << "." << overload;
+  EXPECT_FALSE(ir::has_generator_overload(op("aten::native_dropout", "")));
+  EXPECT_FALSE(ir::has_generator_overload(op("aten::rand", "generator")));
+
+  torch::manual_seed(3);
+  const at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+  auto own = [] { return at::make_generator<at::CPUGeneratorImpl>(42); };
+  torch::jit::Stack s{c10::IValue(std::vector<int64_t>{6}), c10::IValue(), c10::IValue(), c10::IValue(),
+                      c10::IValue()};
+  torch_mgpu::runtime::call_seeded(op("aten::rand", ""), s, 42, c10::Device(c10::kCPU));
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(torch::equal(s[0].toTensor(), at::rand({6}, own())));
+  // An out= overload: the generator goes before the out= argument.
+  at::Tensor out = at::empty({5}, at::kLong), want = at::empty({5}, at::kLong);
+  s = {c10::IValue(int64_t{2}), c10::IValue(int64_t{9}), c10::IValue(std::vector<int64_t>{5}), c10::IValue(out)};
+  torch_mgpu::runtime::call_seeded(op("aten::randint", "low_out"), s, 42, c10::Device(c10::kCPU));
+  at::randint_out(want, 2, 9, {5}, own());
+  EXPECT_TRUE(torch::equal(out, want));
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), state));
 }
 
 // A borrowed argument holds no reference; own() gives it one; release()

@@ -143,6 +143,49 @@ def compile_ways(req):
     return ways
 
 
+_local = threading.local()
+_preserve_rng_state = None  # torch._dynamo.utils.preserve_rng_state as torch has it
+
+
+def _preserve_rng_state_but_on_the_compile_thread():
+    """torch's preserve_rng_state, a no-op on the compile thread."""
+    if getattr(_local, "compiling", False):
+        return contextlib.nullcontext()
+    return _preserve_rng_state()
+
+
+def _take_over_preserve_rng_state():
+    """Puts _preserve_rng_state_but_on_the_compile_thread in place of
+    torch's preserve_rng_state in every torch module that holds it (those
+    imported since the last call too)."""
+    global _preserve_rng_state
+    try:
+        from torch._dynamo import utils
+    except ImportError:  # another torch: nothing to take over
+        return
+    if _preserve_rng_state is None:
+        _preserve_rng_state = utils.preserve_rng_state
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch") and getattr(module, "preserve_rng_state", None) is _preserve_rng_state:
+            module.preserve_rng_state = _preserve_rng_state_but_on_the_compile_thread
+
+
+@contextlib.contextmanager
+def _generators_left_alone():
+    """Inductor and AOT autograd keep the default generators' states across
+    a compile (preserve_rng_state: read at its start, set back at its end).
+    On this thread, beside the program's, the set-back would undo every draw
+    the program made meanwhile, whose numbers would then come again. Here
+    it does nothing: the compile of a hot graph draws nothing (a random
+    op's seed is one of the graph's inputs)."""
+    _take_over_preserve_rng_state()
+    _local.compiling = True
+    try:
+        yield
+    finally:
+        _local.compiling = False
+
+
 @contextlib.contextmanager
 def _apart_from_dynamo():
     """Serializes a tier-1 compile with torch.compile's frame compiles, and
@@ -176,7 +219,7 @@ def _serve():
             return
         try:
             req = records(req)  # the nodes' records as named tuples
-            with _apart_from_dynamo():
+            with _apart_from_dynamo(), _generators_left_alone():
                 ways = compile_ways(req)
         except Exception as e:  # the graph stays in tier 0
             _C._tier_reject(req["key"], f"{type(e).__name__}: {e}")
