@@ -256,16 +256,33 @@ def case_key(case):
 # jit.fork (its inter-op threads, each with an OpenMP team of its own, slowed
 # every later run of a process: eager with two threads 2.4x, mgpu 1.4x, on
 # 2 branches 64).
-CHILD_VARIANTS = ("eager_1t", "jit_fork")
+# mgpu's default configuration too: a user's program runs it in a process
+# of its own, not in one where inductor compiled, torch.compile'd functions
+# and tier 1 with other settings ran before it (there, the trial of 2
+# branches 64 measured the lazy way at 131 us and chose the way at the call;
+# alone it measured 25 us and kept the lazy way).
+CHILD_VARIANTS = ("eager_1t", "jit_fork", "mgpu")
 
 
 def in_child(variant, case, quick):
-    """Times one variant of a case in a child process (see CHILD_VARIANTS)."""
+    """Times one variant of a case in a child process (see CHILD_VARIANTS):
+    its results (`variant`: the timing, and what else the child reports)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, case_key(case)] + (["--quick"] if quick else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"{variant} run of {case_key(case)} failed:\n{r.stderr[-2000:]}")
-    return {variant: json.loads(r.stdout.strip().splitlines()[-1])}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def time_default(case, mg_in):
+    """The default configuration's timed runs, after its compiles and trials
+    settled: its timing, the way it ran, its plans' predicted / measured."""
+    settle_default(case, mg_in)
+    DEFAULT_WAY.update(graphs=0, tier1=0, at_call=0, runs=0)
+    PLAN_RATIOS.clear()
+    res = measure_interleaved({"mgpu": (lambda: mgpu_sync(case.fn(*mg_in)), default_enter, default_leave)}, case.reps)
+    return {"mgpu": res["mgpu"], "default_way": default_way(),
+            "plan_ratio": statistics.median(PLAN_RATIOS) if PLAN_RATIOS else float("nan")}
 
 
 def child_variant(variant, key, quick):
@@ -277,10 +294,15 @@ def child_variant(variant, key, quick):
     for mod in MODULES:
         for case in mod.cases(quick):
             if case_key(case) == key:
-                cpu_in = case.make("cpu")
-                fn = case.fn if variant == "eager_1t" else case.fork
-                res = measure_interleaved({variant: (lambda: fn(*cpu_in), nothing, nothing)}, case.reps)
-                print(json.dumps(res[variant]), flush=True)
+                if variant == "mgpu":
+                    mg_in = case.make("mgpu")
+                    torch_mgpu.synchronize()
+                    res = time_default(case, mg_in)
+                else:
+                    cpu_in = case.make("cpu")
+                    fn = case.fn if variant == "eager_1t" else case.fork
+                    res = measure_interleaved({variant: (lambda: fn(*cpu_in), nothing, nothing)}, case.reps)
+                print(json.dumps(res), flush=True)
                 # No teardown: jit.fork's inter-op threads may still run then
                 # ("terminate called without an active exception").
                 os._exit(0)
@@ -349,9 +371,8 @@ def run_case(case, quick):
             recorded.clear()
         variants["mgpu"] = (lambda: recorded.append(case.fn(*mg_in)), nothing, sync_recorded)
     else:
-        variants["mgpu"] = (lambda: mgpu_sync(case.fn(*mg_in)), default_enter, default_leave)
-        settle_default(case, mg_in)
-        DEFAULT_WAY.update(graphs=0, tier1=0, at_call=0, runs=0)
+        # The default configuration alone, in a process of its own.
+        res.update(in_child("mgpu", case, quick))
         if not quick:
             res.update(prepare_tier1(case, mg_in))
             if "tier1" in res:
@@ -362,11 +383,8 @@ def run_case(case, quick):
     finally:
         torch_mgpu.set_async_ops(saved_async)
         torch_mgpu.configure(compile=saved_hits, at_call=saved_at_call)
-    if not capture_only:
-        res["default_way"] = default_way()
-    # The last plan of each timed (and warm-up) run: predicted / measured makespan.
-    res["plan_ratio"] = statistics.median(PLAN_RATIOS) if PLAN_RATIOS else float("nan")
     if capture_only:
+        res["plan_ratio"] = float("nan")
         res["mgpu"]["peak_mib"] = 0.0
     else:
         # The simulator plans what is pending: capture the whole workload
@@ -524,7 +542,8 @@ def main():
         f"- mode: {'quick' if a.quick else 'full'}; {time.time() - t0:.0f} s",
         "",
         "Times in ms: median (min..max) of the repetitions after 5 warm-up runs; the variants of a case run",
-        "round-robin (eager, torch.compile, mgpu, then again; eager with 1 thread and jit.fork each in a process of its own: each slowed later runs of a process),",
+        "round-robin (eager, torch.compile, mgpu tier 1, then again; eager with 1 thread, jit.fork and mgpu's default each in a process of its own:",
+        "the first two slowed later runs of a process, and a user's program runs mgpu in a process of its own, not after inductor's compiles),",
         "so that changes in the machine's speed hit them alike, each run after 3 ms idle (threads the run before",
         "left spinning, an OpenMP team's or mgpu's lanes, would take the core the next one runs on). Speed-up is over the better of eager",
         "with default threads and eager with one thread (what a user could pick instead; higher is better).",

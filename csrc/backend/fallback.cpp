@@ -71,7 +71,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   const capture::OpInfo& info = capture::prepare_call(op, stack);
   // Counted into the program's trace, which runs lazily or at its calls.
   const auto way =
-      engine::at_call::on_call(&op.schema(), engine::at_call::call_shape(torch::jit::last(*stack, op.schema().arguments().size())));
+      engine::at_call::on_call(&op.schema(), torch::jit::last(*stack, op.schema().arguments().size()));
   const bool sync_now = sync_each_op();
   // A graph runs under one set of settings, those its ops were called with:
   // where the program changed them (torch.set_default_dtype, ...) with ops

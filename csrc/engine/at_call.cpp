@@ -180,9 +180,14 @@ std::string mode() {
   return tracer().mode;
 }
 
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; }
+
+} // namespace
+
 uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
-  auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; };
-  auto of = [&](const at::Tensor& t) {
+  auto of = [](const at::Tensor& t) {
     uint64_t h = mix(kHashSeed, static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()));
     for (const int64_t d : t.sizes()) h = mix(h, static_cast<uint64_t>(d));
     return h;
@@ -194,8 +199,10 @@ uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
     }
     if (v.isTensorList()) {  // cat, the foreach ops: the first element's
       const auto l = v.toTensorList();
-      if (l.empty() || !l.get(0).defined()) continue;
-      return mix(of(l.get(0)), l.size());
+      if (l.empty()) continue;
+      const at::Tensor first = l.get(0);
+      if (!first.defined()) continue;
+      return mix(of(first), l.size());
     }
     if (v.isIntList()) {
       uint64_t h = mix(kHashSeed, 0x51ull);
@@ -206,7 +213,7 @@ uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
   return 0;
 }
 
-Way on_call(const void* op, uint64_t shape) {
+Way on_call(const void* op, c10::ArrayRef<c10::IValue> args) {
   auto& t = tracer();
   if (t.ops == 0) {
     if (!t.started) {
@@ -224,9 +231,10 @@ Way on_call(const void* op, uint64_t shape) {
       t.begun = true;
     }
   }
-  t.hash = (t.hash ^ reinterpret_cast<uintptr_t>(op)) * 0x100000001b3ull;
-  t.hash = (t.hash ^ shape) * 0x100000001b3ull;
-  t.hash ^= t.hash >> 29;
+  if (t.begun) {  // only a measured trace's hash is read
+    t.hash = mix(mix(t.hash, reinterpret_cast<uintptr_t>(op)), call_shape(args));
+    t.hash ^= t.hash >> 29;
+  }
   ++t.ops;
   return t.way;
 }

@@ -107,9 +107,10 @@ std::string mode();
 
 // A call about to be recorded (backend::record_call, under the state lock):
 // counts it into the trace and says how it runs. `op` names the op (its
-// schema's address), `shape` the sizes it works on (call_shape): the same
-// ops over other sizes are another trace, with a choice of its own.
-Way on_call(const void* op, uint64_t shape);
+// schema's address); where the trace is being measured ("auto"), the sizes
+// its arguments `args` work on (call_shape) go into the trace's hash too:
+// the same ops over other sizes are another trace, with a choice of its own.
+Way on_call(const void* op, c10::ArrayRef<c10::IValue> args);
 
 // The sizes a call works on, hashed: its first tensor's (with its dtype),
 // or its first tensor list's first element's and length, else its first
