@@ -351,6 +351,27 @@ def test_a_zero_dim_value_is_tagged_where_its_copy_differs_from_a_fill():
     assert gen.zero_dim_tag("v0", "1.5") == ""
 
 
+def test_a_zero_dim_value_into_an_expanded_view_of_itself_is_the_documented_copy():
+    # Found by the fuzzer (seed 2200831): `v12[:] = v10` where v10 is a
+    # 0-dim tensor and v12 its expansion. Eager on the host fills, and the
+    # fill refuses a target whose elements share memory; on a device the
+    # value is copied, and a copy of the target's own bytes does nothing
+    # (as on CUDA).
+    prog = Program(0, [Stmt("v0 = torch.zeros((), device=dev) + 0.5", "input"),
+                       Stmt("v1 = v0.expand((3,))", "view.expand"),
+                       Stmt("v1[:] = v0", "setitem.slice" + difffuzz.ZERO_DIM),
+                       Stmt("v2 = v0 * 2", "binary.mul")])
+    ref = difffuzz.run(prog, "cpu")
+    assert isinstance(ref.steps[2], difffuzz.Raised) and "single memory location" in ref.steps[2].msg
+    with difffuzz.configured(difffuzz.CONFIGS[0]):
+        got = difffuzz.run(prog, "mgpu")
+    assert not isinstance(got.steps[2], difffuzz.Raised)
+    assert difffuzz.primary(prog, difffuzz.compare(prog, ref, got)) == []
+    # Untagged, the same difference is a mismatch.
+    prog.stmts[2] = Stmt("v1[:] = v0", "setitem.slice")
+    assert [m.kind for m in difffuzz.compare(prog, ref, got)] == ["deferred error"]
+
+
 def test_a_zero_tensor_read_at_the_end_has_bytes_to_show():
     # A worker died describing a mismatch on one of autograd's zero
     # tensors: tolist() refuses a tensor with unallocated storage.
