@@ -459,6 +459,8 @@ void call_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack& s) {
     ir::call_with_generator(op, s, at::make_generator<at::CPUGeneratorImpl>());
     return;
   }
+  // Not while a lane has lent the generator to a seeded node (call_seeded).
+  std::lock_guard<std::mutex> lent(ir::global_generator_mutex());
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   at::Tensor saved;
   {

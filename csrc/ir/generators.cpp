@@ -70,6 +70,11 @@ const GeneratorTwin& generator_twin(const c10::OperatorHandle& op) {
 
 } // namespace
 
+std::mutex& global_generator_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 bool has_generator_overload(const c10::OperatorHandle& op) { return generator_twin(op).op.has_value(); }
 
 void call_with_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack, at::Generator gen) {

@@ -9,11 +9,18 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <mutex>
+
 namespace torch_mgpu::ir {
 
 // Whether `op`, which takes no Generator, has an overload that takes one,
 // its other arguments and its results the same.
 bool has_generator_overload(const c10::OperatorHandle& op);
+
+// Held while a default generator is lent to an op with no such overload
+// (native_dropout, the RNNs): seeded for a node and put back (call_seeded),
+// or kept and put back around the probe of the call. One such op at a time.
+std::mutex& global_generator_mutex();
 
 // Calls that overload on `stack` (holding `op`'s arguments) with `gen`.
 // Requires has_generator_overload(op).

@@ -22,13 +22,6 @@ at::Tensor cpu_view(const c10::Storage& storage, const ir::TensorGeometry& geom)
 
 namespace {
 
-// Ops that draw from the device's default generator with no Generator
-// argument (native_dropout) run with the node's own seed, one at a time.
-std::mutex& global_generator_mutex() {
-  static std::mutex m;
-  return m;
-}
-
 bool same_geometry(const at::Tensor& t, const ir::TensorGeometry& g) {
   return t.scalar_type() == g.dtype && t.sizes() == c10::IntArrayRef(g.sizes) &&
       t.strides() == c10::IntArrayRef(g.strides) && t.storage_offset() == g.offset && t.is_conj() == g.conj &&
@@ -146,7 +139,7 @@ void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64
   // seeded for the call and put back after it, one such op at a time. The
   // generator's own mutex is not held while the op runs, since the op locks
   // it to draw.
-  std::lock_guard<std::mutex> lock(global_generator_mutex());
+  std::lock_guard<std::mutex> lock(ir::global_generator_mutex());
   at::Generator saved;
   {
     std::lock_guard<std::mutex> glock(gen.mutex());

@@ -77,6 +77,10 @@ def compile_request(req):
         # uninitialized bytes).
         patches = {"cpp.threads": _cpu_threads(req["lanes"]) if split else loop_threads(),
                    "emulate_precision_casts": True, "force_pointwise_cat": True}
+        # No autotuning, whatever the environment asks of inductor: it
+        # benchmarks kernels over random inputs, drawn from the default
+        # generators the program draws from (see _generators_left_alone).
+        patches.update({k: False for k in _AUTOTUNING if hasattr(inductor_config, k)})
         if split and device.type == "cpu":
             # A host part's loops run in the wrapper: the C++ one lets go
             # of the GIL. A CUDA part's Python wrapper only queues kernels
@@ -143,6 +147,10 @@ def compile_ways(req):
     return ways
 
 
+# Inductor's settings that benchmark candidate kernels at compile time.
+_AUTOTUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "benchmark_fusion",
+               "benchmark_epilogue_fusion", "benchmark_kernel")
+
 _local = threading.local()
 _preserve_rng_state = None  # torch._dynamo.utils.preserve_rng_state as torch has it
 
@@ -166,7 +174,7 @@ def _take_over_preserve_rng_state():
     if _preserve_rng_state is None:
         _preserve_rng_state = utils.preserve_rng_state
     for name, module in list(sys.modules.items()):
-        if name.startswith("torch") and getattr(module, "preserve_rng_state", None) is _preserve_rng_state:
+        if name.startswith("torch") and getattr(module, "__dict__", {}).get("preserve_rng_state") is _preserve_rng_state:
             module.preserve_rng_state = _preserve_rng_state_but_on_the_compile_thread
 
 
@@ -176,8 +184,9 @@ def _generators_left_alone():
     a compile (preserve_rng_state: read at its start, set back at its end).
     On this thread, beside the program's, the set-back would undo every draw
     the program made meanwhile, whose numbers would then come again. Here
-    it does nothing: the compile of a hot graph draws nothing (a random
-    op's seed is one of the graph's inputs)."""
+    it does nothing: the compile of a hot graph draws nothing (a graph
+    with a random op is not compiled, and autotuning, which draws its
+    inputs, is off: compile_request)."""
     _take_over_preserve_rng_state()
     _local.compiling = True
     try:
