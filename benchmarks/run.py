@@ -1,5 +1,6 @@
-"""Runs every workload with every baseline in one process and reports (eager
-with one thread runs in a child process per case).
+"""Runs every workload with every baseline and reports. Eager with one
+thread, jit.fork and mgpu's default configuration each run in a child
+process per case (CHILD_VARIANTS); the rest in this process.
 
     python benchmarks/run.py            # full suite: table, RESULTS.md, speedup.png
     python benchmarks/run.py --quick    # a few seconds (CI): writes under benchmarks/out/
