@@ -7,6 +7,7 @@
 #include "capture/capture.h"
 #include "capture/random.h"
 #include "engine/at_call.h"
+#include "ir/generators.h"
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
@@ -132,7 +133,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     std::optional<runtime::ScopedParallelism> threads;
     if (one_thread) threads.emplace(1);
     try {
-      if (seed) runtime::call_seeded(op, s, *seed, c10::Device(c10::kCPU));
+      if (seed) ir::call_with_own_generator(op, s, c10::Device(c10::kCPU), *seed);
       else op.callBoxed(&s);
     } catch (...) {
       // A kernel that raised may have written part of what it writes in

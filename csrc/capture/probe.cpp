@@ -8,11 +8,9 @@
 #include "ir/generators.h"
 #include "ir/view.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 
 #include <algorithm>
-#include <mutex>
 #include <optional>
 
 namespace torch_mgpu::capture {
@@ -451,31 +449,10 @@ int64_t full_probe_numel() {
 }
 
 void call_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack& s) {
-  if (!op.hasTag(at::Tag::nondeterministic_seeded) || has_generator_arg(op.schema())) {
+  if (op.hasTag(at::Tag::nondeterministic_seeded) && !has_generator_arg(op.schema()))
+    ir::call_with_own_generator(op, s, c10::Device(c10::kCPU), std::nullopt);
+  else
     op.callBoxed(&s);
-    return;
-  }
-  if (ir::has_generator_overload(op)) {
-    ir::call_with_generator(op, s, at::make_generator<at::CPUGeneratorImpl>());
-    return;
-  }
-  // Not while a lane has lent the generator to a seeded node (call_seeded).
-  std::lock_guard<std::mutex> lent(ir::global_generator_mutex());
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    saved = gen.get_state();
-  }
-  struct Restore {
-    at::Generator& gen;
-    const at::Tensor& saved;
-    ~Restore() {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(saved);
-    }
-  } restore{gen, saved};
-  op.callBoxed(&s);
 }
 
 } // namespace torch_mgpu::capture

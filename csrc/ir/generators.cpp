@@ -1,6 +1,8 @@
 // The overload of an op that takes a Generator where the op takes none.
 #include "ir/generators.h"
 
+#include <ATen/Context.h>
+
 #include <mutex>
 #include <optional>
 #include <string>
@@ -77,14 +79,44 @@ std::mutex& global_generator_mutex() {
 
 bool has_generator_overload(const c10::OperatorHandle& op) { return generator_twin(op).op.has_value(); }
 
-void call_with_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack, at::Generator gen) {
+void call_with_own_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack, c10::Device device,
+                             std::optional<uint64_t> seed) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
   const GeneratorTwin& twin = generator_twin(op);
-  TORCH_INTERNAL_ASSERT(twin.op, op.schema().name(), " has no overload taking a generator");
-  const size_t nargs = op.schema().arguments().size();
-  TORCH_INTERNAL_ASSERT(stack.size() >= nargs);
-  stack.insert(stack.end() - static_cast<std::ptrdiff_t>(nargs) + static_cast<std::ptrdiff_t>(twin.position),
-               c10::IValue(std::move(gen)));
-  twin.op->callBoxed(&stack);
+  if (twin.op) {
+    at::Generator own;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      own = gen.clone();
+    }
+    if (seed) own.set_current_seed(*seed);
+    const size_t nargs = op.schema().arguments().size();
+    TORCH_INTERNAL_ASSERT(stack.size() >= nargs);
+    stack.insert(stack.end() - static_cast<std::ptrdiff_t>(nargs) + static_cast<std::ptrdiff_t>(twin.position),
+                 c10::IValue(std::move(own)));
+    twin.op->callBoxed(&stack);
+    return;
+  }
+  // The generator's own mutex is not held while the op runs: the op locks
+  // it to draw.
+  std::lock_guard<std::mutex> lent(global_generator_mutex());
+  at::Generator saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.clone();
+    if (seed) gen.set_current_seed(*seed);
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved.get_state());
+  };
+  try {
+    op.callBoxed(&stack);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
 }
 
 } // namespace torch_mgpu::ir

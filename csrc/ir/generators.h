@@ -10,6 +10,7 @@
 #include <ATen/core/stack.h>
 
 #include <mutex>
+#include <optional>
 
 namespace torch_mgpu::ir {
 
@@ -17,13 +18,19 @@ namespace torch_mgpu::ir {
 // its other arguments and its results the same.
 bool has_generator_overload(const c10::OperatorHandle& op);
 
-// Held while a default generator is lent to an op with no such overload
-// (native_dropout, the RNNs): seeded for a node and put back (call_seeded),
-// or kept and put back around the probe of the call. One such op at a time.
-std::mutex& global_generator_mutex();
+// Calls `op`, which draws from `device`'s default generator with no
+// Generator argument, on `stack` (holding its arguments), moving no
+// generator another thread draws from. Where `op` has an overload taking a
+// generator, that overload is called with a copy of the default generator;
+// else the default generator is lent to the call and its state put back
+// after it, under global_generator_mutex (a draw another thread makes from
+// it meanwhile is undone). With `seed`, the generator drawn from is seeded
+// with it: the numbers are those of the default generator seeded so.
+void call_with_own_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack, c10::Device device,
+                             std::optional<uint64_t> seed);
 
-// Calls that overload on `stack` (holding `op`'s arguments) with `gen`.
-// Requires has_generator_overload(op).
-void call_with_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack, at::Generator gen);
+// Held while a default generator is lent to an op with no overload taking
+// a generator (native_dropout, the RNNs). One such op at a time.
+std::mutex& global_generator_mutex();
 
 } // namespace torch_mgpu::ir

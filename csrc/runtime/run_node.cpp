@@ -7,11 +7,9 @@
 #include "runtime/counters.h"
 #include "runtime/observer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <c10/core/StreamGuard.h>
 
-#include <mutex>
 #include <optional>
 
 namespace torch_mgpu::runtime {
@@ -121,44 +119,6 @@ void push_arguments(const ir::Node& n, const std::vector<c10::Storage>& operands
 
 } // namespace
 
-void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t seed, c10::Device device) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  if (ir::has_generator_overload(op)) {
-    // A generator of its own, seeded: the default one is not touched, so a
-    // draw another thread makes from it meanwhile stays its own.
-    at::Generator own;
-    {
-      std::lock_guard<std::mutex> glock(gen.mutex());
-      own = gen.clone();
-    }
-    own.set_current_seed(seed);
-    ir::call_with_generator(op, stack, std::move(own));
-    return;
-  }
-  // No such overload (native_dropout, the RNNs): the default generator is
-  // seeded for the call and put back after it, one such op at a time. The
-  // generator's own mutex is not held while the op runs, since the op locks
-  // it to draw.
-  std::lock_guard<std::mutex> lock(ir::global_generator_mutex());
-  at::Generator saved;
-  {
-    std::lock_guard<std::mutex> glock(gen.mutex());
-    saved = gen.clone();
-    gen.set_current_seed(seed);
-  }
-  auto restore = [&] {
-    std::lock_guard<std::mutex> glock(gen.mutex());
-    gen.set_state(saved.get_state());
-  };
-  try {
-    op.callBoxed(&stack);
-  } catch (...) {
-    restore();
-    throw;
-  }
-  restore();
-}
-
 namespace {
 
 // Calls the op's kernel on `stack` as eager would have at the call: below
@@ -175,7 +135,7 @@ void call_kernel(const ir::Node& n, torch::jit::Stack& stack, const Place& place
     // The op's warnings were given at its call (by its Meta kernel or the
     // probe, capture/probe.cpp); a lane has no caller to give them to.
     c10::WarningUtils::WarningHandlerGuard no_warnings(&ir::silent_warnings());
-    if (n.seed) call_seeded(*n.op, stack, *n.seed, place.device);
+    if (n.seed) ir::call_with_own_generator(*n.op, stack, place.device, *n.seed);
     else n.op->callBoxed(&stack);
   }
 }

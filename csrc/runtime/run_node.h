@@ -24,14 +24,6 @@ std::string describe_node(const ir::Node& n);
 // be given an op recording chose for another device; it runs on the host).
 bool runs_on(const ir::Node& n, const Place& place);
 
-// Calls `op`, which draws from `device`'s default generator with no
-// Generator argument (a seeded node, or such an op run at its call), as if
-// that generator had been seeded with `seed`. Where `op` has an overload
-// taking a generator (rand -> rand.generator) that overload is called with
-// a generator of its own; else the default generator is seeded for the
-// call and put back after it, one such call at a time.
-void call_seeded(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t seed, c10::Device device);
-
 // Runs one node at `place` (its device, with its stream current). Operand
 // bytes are on that device; `reuse[k]` lets the node write operand k in
 // place, else it writes a copy.

@@ -1,7 +1,6 @@
 // The mgpu device from plain C++ (LibTorch, no Python, no TorchScript).
 #include "capture/borrowed_args.h"
 #include "ir/generators.h"
-#include "runtime/run_node.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -135,13 +134,13 @@ TEST(Capture, SeededOpsWithoutAGeneratorDrawFromAGeneratorOfTheirOwn) {
   auto own = [] { return at::make_generator<at::CPUGeneratorImpl>(42); };
   torch::jit::Stack s{c10::IValue(std::vector<int64_t>{6}), c10::IValue(), c10::IValue(), c10::IValue(),
                       c10::IValue()};
-  torch_mgpu::runtime::call_seeded(op("aten::rand", ""), s, 42, c10::Device(c10::kCPU));
+  ir::call_with_own_generator(op("aten::rand", ""), s, c10::Device(c10::kCPU), 42);
   ASSERT_EQ(s.size(), 1u);
   EXPECT_TRUE(torch::equal(s[0].toTensor(), at::rand({6}, own())));
   // An out= overload: the generator goes before the out= argument.
   at::Tensor out = at::empty({5}, at::kLong), want = at::empty({5}, at::kLong);
   s = {c10::IValue(int64_t{2}), c10::IValue(int64_t{9}), c10::IValue(std::vector<int64_t>{5}), c10::IValue(out)};
-  torch_mgpu::runtime::call_seeded(op("aten::randint", "low_out"), s, 42, c10::Device(c10::kCPU));
+  ir::call_with_own_generator(op("aten::randint", "low_out"), s, c10::Device(c10::kCPU), 42);
   at::randint_out(want, 2, 9, {5}, own());
   EXPECT_TRUE(torch::equal(out, want));
   EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), state));
