@@ -159,14 +159,18 @@ LazyBuffer* buffer_of(const c10::Storage& storage) {
   return static_cast<LazyBuffer*>(storage.data_ptr().get_context());
 }
 
-ir::TensorGeometry geometry_of(const at::Tensor& t) {
-  ir::TensorGeometry g;
+void geometry_into(const at::Tensor& t, ir::TensorGeometry& g) {
   g.dtype = t.scalar_type();
   g.sizes.assign(t.sizes().begin(), t.sizes().end());
   g.strides.assign(t.strides().begin(), t.strides().end());
   g.offset = t.storage_offset();
   g.conj = t.is_conj();
   g.neg = t.is_neg();
+}
+
+ir::TensorGeometry geometry_of(const at::Tensor& t) {
+  ir::TensorGeometry g;
+  geometry_into(t, g);
   return g;
 }
 

@@ -38,6 +38,8 @@ LazyBuffer* buffer_of(const c10::Storage& storage);
 inline LazyBuffer* buffer_of(const at::Tensor& t) { return buffer_of(t.storage()); }
 
 ir::TensorGeometry geometry_of(const at::Tensor& t);
+// The same, written into `g` (built in place where it is kept).
+void geometry_into(const at::Tensor& t, ir::TensorGeometry& g);
 
 // A new mgpu storage of `nbytes` whose value is `value` (Empty when null).
 c10::Storage new_storage(size_t nbytes, c10::DeviceIndex device, ir::NodePtr node = nullptr, int index = 0);

@@ -72,6 +72,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   info.name = ir::intern(n);
   info.eager = needs_eager(op);
   info.random = has_generator_arg(schema);
+  info.seeded_default = !info.random && op.hasTag(at::Tag::nondeterministic_seeded);
   info.empty_factory = is_empty_factory(op);
   info.host_indices = host_indices.count(schema.name()) > 0;
   // Measured: 1 and 2 intra-op threads give other bits for these CPU kernels
@@ -153,6 +154,24 @@ void refuse_unsupported(const OpInfo& info, const c10::OperatorHandle& op, c10::
 }
 
 } // namespace
+
+// Attention and recurrent ops are tagged as seeded for their dropout: with
+// a dropout probability of 0 they draw nothing, and their node needs no
+// seed (a seeded node is not background-safe and stays out of tier 1:
+// every transformer's scaled_dot_product_attention in eval or without
+// attention dropout).
+bool draws_nothing(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  const auto& formals = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < formals.size(); ++i) {
+    const auto& name = formals[i].name();
+    if ((name == "dropout_p" || name == "dropout") && args[i].isDouble()) return args[i].toDouble() == 0.0;
+  }
+  return false;
+}
+
+bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  return op_info(op).seeded_default && !draws_nothing(op.schema(), args);
+}
 
 void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   check_same_device(op_info(op), op, args);

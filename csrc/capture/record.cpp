@@ -13,7 +13,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <unordered_map>
 
 namespace torch_mgpu::capture {
 namespace {
@@ -32,7 +31,8 @@ bool is_resize_warning(const c10::Warning& w) {
 struct NodeBuilder {
   Call& call;
   ir::Node& node;
-  std::unordered_map<c10::TensorImpl*, ir::TensorRef> cpu_refs;
+  // Host tensors snapshotted so far (a call has few): one snapshot each.
+  c10::SmallVector<std::pair<c10::TensorImpl*, ir::TensorRef>, 1> cpu_refs;
   // Appends the reference to `t` to `refs`, built in place.
   void add(c10::SmallVectorImpl<std::optional<ir::TensorRef>>& refs, const at::Tensor& t) {
     if (!t.defined()) {
@@ -49,15 +49,15 @@ struct NodeBuilder {
       r->same = call.seen_count[k] > 1 ? static_cast<int>(k) : -1;
       return;
     }
-    auto it = cpu_refs.find(t.unsafeGetTensorImpl());
-    if (it != cpu_refs.end()) {
-      refs.emplace_back(it->second);
-      return;
-    }
+    for (const auto& [impl, ref] : cpu_refs)
+      if (impl == t.unsafeGetTensorImpl()) {
+        refs.emplace_back(ref);
+        return;
+      }
     at::Tensor snap = t.clone(at::MemoryFormat::Contiguous);
     ir::TensorRef r{static_cast<int>(node.operands.size()), geometry_of(snap)};
     node.operands.push_back(ir::Value{ir::make_data(snap.storage()), 0});
-    cpu_refs.emplace(t.unsafeGetTensorImpl(), r);
+    cpu_refs.emplace_back(t.unsafeGetTensorImpl(), r);
     refs.emplace_back(std::move(r));
   }
 };
@@ -168,20 +168,6 @@ void check_has_value(const c10::Storage& s, std::string_view op_name, bool only_
     TORCH_CHECK(false, "mgpu: an input of ", op_name, " has no value: ", v.node->error);
 }
 
-// Attention and recurrent ops are tagged as seeded for their dropout: with
-// a dropout probability of 0 they draw nothing, and their node needs no
-// seed (a seeded node is not background-safe and stays out of tier 1:
-// every transformer's scaled_dot_product_attention in eval or without
-// attention dropout).
-bool draws_nothing(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  const auto& formals = schema.arguments();
-  for (size_t i = 0; i < args.size() && i < formals.size(); ++i) {
-    const auto& name = formals[i].name();
-    if ((name == "dropout_p" || name == "dropout") && args[i].isDouble()) return args[i].toDouble() == 0.0;
-  }
-  return false;
-}
-
 // Phase 2. The node and what it reads: the current version of each storage
 // it touches, its arguments as a template (tensors name an operand and a
 // geometry; host tensors are snapshotted; generators become seeded ones).
@@ -234,7 +220,7 @@ std::shared_ptr<ir::Node> node_for(const OpInfo& info, const c10::OperatorHandle
       a.constant = v;
     }
   }
-  if (draws_from_default_generator(op, args)) node->seed = draw_seed(std::nullopt);
+  if (info.seeded_default && !draws_nothing(schema, args)) node->seed = draw_seed(std::nullopt);
 
   return node;
 }
@@ -274,12 +260,11 @@ Outputs outputs_of(Call& call, const MetaResult& mr, const std::shared_ptr<ir::N
     } else if (empty_factory) {
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, ir::make_empty(t.nbytes)), t.geom));
     } else {
-      ir::Output out;
+      const int out_index = static_cast<int>(node->outputs.size());
+      ir::Output& out = node->outputs.emplace_back();  // built in place: a geometry is costly to copy
       out.nbytes = t.nbytes;
       out.returned = static_cast<int>(k);
       out.geom = t.geom;
-      int out_index = static_cast<int>(node->outputs.size());
-      node->outputs.push_back(out);
       results.push_back(make_lazy_tensor(new_storage(t.nbytes, call.device, node, out_index), t.geom));
     }
   }
@@ -292,11 +277,10 @@ Outputs outputs_of(Call& call, const MetaResult& mr, const std::shared_ptr<ir::N
     for (size_t k = 0; k < call.mutated_slots.size(); ++k)
       if (call.index_at(call.mutated_slots[k]) == idx)
         nbytes = std::max(nbytes, mr.mutated_nbytes[k]);
-    ir::Output out;
+    written_output[w] = static_cast<int>(node->outputs.size());
+    ir::Output& out = node->outputs.emplace_back();
     out.nbytes = nbytes;
     out.mutated_operand = idx;
-    written_output[w] = static_cast<int>(node->outputs.size());
-    node->outputs.push_back(out);
   }
   return o;
 }
@@ -337,11 +321,6 @@ void push_results(torch::jit::Stack* stack, size_t nargs, const MetaResult& mr, 
 }
 
 } // namespace
-
-bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  return !has_generator_arg(op.schema()) && op.hasTag(at::Tag::nondeterministic_seeded) &&
-      !draws_nothing(op.schema(), args);
-}
 
 bool record_empty(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const ir::CallState& state) {

@@ -49,6 +49,9 @@ inline bool is_mutated(const c10::Argument& a) { return a.alias_info() && a.alia
 bool has_generator_arg(const c10::FunctionSchema& s);
 // A probe's generators: a throwaway one for each (signature.cpp).
 void throwaway_generators(const c10::FunctionSchema& schema, torch::jit::Stack& s);
+// Whether a call of an op tagged as seeded draws nothing: a dropout
+// probability of 0 (op_rules.cpp).
+bool draws_nothing(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args);
 // Whether an argument is, or holds, an mgpu tensor.
 bool holds_mgpu(const c10::IValue& v);
 
@@ -140,7 +143,7 @@ struct Call {
     if (same < 0) {
       seen.push_back(t.unsafeGetTensorImpl());
       seen_count.push_back(1);
-      seen_geometry.push_back(geometry_of(t));
+      geometry_into(t, seen_geometry.emplace_back());  // in place: a geometry is costly to move
     } else {
       ++seen_count[same];
     }
@@ -206,6 +209,10 @@ struct OpInfo {
   std::string_view name;
   bool eager = false;          // needs_eager
   bool random = false;         // takes a Generator
+  // Tagged nondeterministic_seeded with no Generator argument: it draws
+  // from the default generator (unless a dropout probability of 0 says it
+  // draws nothing: draws_nothing, per call).
+  bool seeded_default = false;
   bool empty_factory = false;
   bool host_indices = false;   // indexing: indices come from the host
   bool host_batch_sizes = false;  // recurrent layers over packed sequences: batch sizes stay on the host
