@@ -296,6 +296,36 @@ def test_mlp_training_matches_eager_and_stays_one_inductor_call():
         torch.testing.assert_close(p, q, **TOL)
 
 
+def test_an_optimizer_step_writes_its_state_in_place_as_inductor_does():
+    """A compiled graph that writes its inputs (foreach Adam's parameters,
+    moments and step counts) runs whole on host tensors with the writes in
+    inductor's code: no copy into each written tensor after the call."""
+    def train(backend, steps):
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        step = torch.compile(opt.step, backend=backend) if backend else opt.step
+        for _ in range(steps):
+            step()
+        with torch.profiler.profile() as prof:
+            step()
+        copies = sum(e.count for e in prof.key_averages() if e.key == "aten::copy_")
+        return [p.detach().clone() for p in model.parameters()], opt.state_dict()["state"], copies
+
+    torch._dynamo.reset()
+    ref, ref_state, _ = train(None, 3)
+    params, state, copies = train("mgpu", 3)
+    _, _, inductor_copies = train("inductor", 3)
+    for p, q in zip(params, ref):
+        torch.testing.assert_close(p, q, **TOL)
+    for k in ref_state:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(state[k][name], ref_state[k][name], **TOL)
+    assert copies == inductor_copies, (copies, inductor_copies)
+
+
 class Tower(torch.nn.Module):
     def __init__(self, c, k):
         super().__init__()
@@ -339,6 +369,77 @@ def test_four_tower_conv_block_training_and_batchnorm_buffers(device, choice):
             torch.testing.assert_close(b.cpu(), rb, **TOL)
         model.eval(), ref.eval()
         torch.testing.assert_close(fast(x.to(device)).cpu(), ref(x), **TOL)
+
+
+@pytest.mark.parametrize("choice", ["whole"], indirect=True)
+def test_a_conv_block_saves_its_activations_in_inductors_layouts(choice):
+    """The whole graph's code lays out what the forward saves for the
+    backward as inductor alone does (channels-last around convolutions on
+    the CPU), and the backward is compiled for those layouts."""
+    def saved_strides(backend):
+        torch.manual_seed(6)
+        torch._dynamo.reset()
+        model = FourTowers()
+        fast = torch.compile(model, backend=backend)
+        x = torch.randn(4, 8, 16, 16)
+        strides = []
+
+        def pack(t):
+            # (a dim of one element has any stride)
+            strides.append((tuple(t.shape), tuple(s if n > 1 else 0 for n, s in zip(t.shape, t.stride()))))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fast(x)
+        out.square().mean().backward()
+        return strides, out, [p.grad for p in model.parameters()]
+
+    ref, ref_out, ref_grads = saved_strides("inductor")
+    got, out, grads = saved_strides("mgpu")
+    contiguous = [(shape, tuple(s if n > 1 else 0 for n, s in zip(shape, torch.empty(shape).stride()))) for shape, _ in ref]
+    assert sorted(ref) != sorted(contiguous), ref  # channels-last somewhere
+    assert sorted(got) == sorted(ref)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, **TOL)
+
+
+def test_partitions_and_the_whole_graph_take_turns_in_training_with_inductors_layouts():
+    """A split conv block's forward and backward measure their two ways
+    apart (a forward may run with no backward): the forward's partitions
+    hand the backward what the whole graph's code would, in its layouts (an
+    input saved converted to channels-last included)."""
+    torch.manual_seed(7)
+    torch._dynamo.reset()
+    ref = FourTowers()
+    model = copy.deepcopy(ref)
+    fast = torch.compile(model, backend="mgpu")
+    x = torch.randn(4, 8, 16, 16)
+    torch.testing.assert_close(fast(x), ref(x), **TOL)  # no backward: the ways go out of step
+    for _ in range(2 * (mgpu_compile.TRIALS + 1) + 1):
+        out, ref_out = fast(x), ref(x)
+        out.square().mean().backward()
+        ref_out.square().mean().backward()
+        torch.testing.assert_close(out, ref_out, **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+
+
+def test_a_conv_block_with_batchnorm_and_dynamic_sizes_trains():
+    torch.manual_seed(8)
+    torch._dynamo.reset()
+    ref = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    model = copy.deepcopy(ref)
+    fast = torch.compile(model, backend="mgpu", dynamic=True)
+    for size in (12, 10):
+        x = torch.randn(4, 8, size, size)
+        out, ref_out = fast(x), ref(x)
+        out.sum().backward()
+        ref_out.sum().backward()
+        torch.testing.assert_close(out, ref_out, **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    for b, rb in zip(model.buffers(), ref.buffers()):
+        torch.testing.assert_close(b, rb, **TOL)
 
 
 def test_transformer_encoder_layer_on_mgpu_parameters():
@@ -485,7 +586,7 @@ def _slowed(monkeypatch, name, seconds):
     return calls
 
 
-@pytest.mark.parametrize("slow,kept", [("_run_engine", "whole"), ("_run_direct", "partitions")])
+@pytest.mark.parametrize("slow,kept", [("_run_engine", "whole"), ("_run_whole", "partitions")])
 def test_a_split_graph_keeps_the_way_its_first_calls_measured_faster(monkeypatch, slow, kept):
     torch.manual_seed(9)
     torch._dynamo.reset()  # `branches` compiled afresh, under this test's choice

@@ -201,10 +201,14 @@ def untie_effects(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside):
+def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside, visible=None, whole=False):
     """A GraphModule computing `members` (nodes of `gm`): its placeholders are
     the values it reads from elsewhere (returned as `inputs`, FX nodes of
-    `gm`), its outputs the members read elsewhere (`outputs`)."""
+    `gm`), its outputs the members read elsewhere (`outputs`). Outputs in
+    `visible` (all, where it is None) keep their eager strides: inductor
+    lays out the others as it likes (a saved activation channels-last).
+    `whole`: the graph's inputs that it returns are outputs too (inductor
+    returns an input saved for the backward in its own layout)."""
     inside = set(members)
     inputs, outputs = [], []
     for n in members:
@@ -214,6 +218,12 @@ def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside):
     for n in members:
         if n in outputs_used_outside:
             outputs.append(n)
+    if whole:
+        for n in gm.graph.nodes:
+            if n.op == "placeholder" and n in outputs_used_outside:
+                if n not in inputs:
+                    inputs.append(n)
+                outputs.append(n)
     g = torch.fx.Graph()
     env = {}
     for i in inputs:
@@ -223,7 +233,7 @@ def subgraph(gm: torch.fx.GraphModule, members, outputs_used_outside):
     for n in members:
         env[n] = g.node_copy(n, lambda x: env[x])
     out = g.output(tuple(env[o] for o in outputs))
-    out.meta["user_visible_output_idxs"] = list(range(len(outputs)))
+    out.meta["user_visible_output_idxs"] = [k for k, o in enumerate(outputs) if visible is None or o in visible]
     sub = torch.fx.GraphModule(gm, g)
     return sub, inputs, outputs
 

@@ -33,6 +33,7 @@ lanes beside whatever eager mgpu code is pending.
 Registered under the name "mgpu" through the `torch_dynamo_backends` entry
 point (and on import of torch_mgpu).
 """
+import copy
 import functools
 import itertools
 import os
@@ -177,6 +178,49 @@ def _strip_input_mutations(gm, placeholder_index):
     return mutations
 
 
+def _writes_inputs(gm, placeholder_index):
+    return any(n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholder_index
+               for n in gm.graph.nodes)
+
+
+def _direct_call(part, placeholder_index, mutations, output_args):
+    """How to call `part` alone for its graph: (part, the input of the
+    graph for each of its inputs, each input it writes with the value
+    written there, each output of the graph: one of the part's, an input,
+    or a constant; None where they are the part's outputs in order)."""
+    at = {n: k for k, n in enumerate(part.outputs)}
+
+    def source(a):
+        if isinstance(a, torch.fx.Node):
+            return (0, at[a]) if a in at else (1, placeholder_index[a])
+        return (2, a)
+    inputs = [placeholder_index[i] for i in part.inputs]
+    written = [(index, source(src)) for index, src in mutations]
+    outputs = [source(a) for a in output_args]
+    if outputs == [(0, k) for k in range(len(part.outputs))]:
+        outputs = None
+    return part, inputs, written, outputs
+
+
+def _laid_out(t, stride):
+    """Whether `t` has `stride` (where a dim has more than one element: a
+    dim of one has any stride; a symbolic stride is not compared)."""
+    return all(n <= 1 or not isinstance(b, int) or a == b for n, a, b in zip(t.shape, t.stride(), stride))
+
+
+def _call_direct(direct, args):
+    """On host or CUDA tensors: inductor's code (_direct_call), called with
+    the inputs it was compiled for; written inputs take their new values;
+    the outputs put in order."""
+    part, inputs, written, outputs = direct
+    outs = part.compiled([args[i] for i in inputs])
+    for index, (kind, k) in written:
+        args[index].copy_(outs[k] if kind == 0 else args[k])
+    if outputs is None:
+        return outs
+    return [outs[k] if kind == 0 else args[k] if kind == 1 else k for kind, k in outputs]
+
+
 def _has_symbols(t):
     return any(isinstance(s, torch.SymInt) for s in t.shape) or any(isinstance(s, torch.SymInt) for s in t.stride())
 
@@ -239,7 +283,7 @@ def compile_choices():
         graphs = list(_graphs)
     out = []
     for g in sorted(graphs, key=lambda g: g.serial):
-        r = {"id": g.serial, "partitions": len(g.parts), "choice": "whole", "partitions_s": None, "whole_s": None}
+        r = {"id": g.serial, "partitions": g.groups, "choice": "whole", "partitions_s": None, "whole_s": None}
         if g.choice is not None:
             r.update(g.choice.report())
         elif g.whole is None and len(g.parts) > 1:
@@ -265,53 +309,96 @@ class CompiledGraph:
         kwargs.pop("cpp_wrapper", None)
         kwargs.pop("fx_wrapper", None)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for p, v in zip(placeholders, example_inputs):
+            # The example inputs are what inductor compiles for: AOTAutograd
+            # restrides a backward's to the layouts the forward's code gave
+            # its saved activations (channels-last around convolutions), not
+            # its placeholders' values.
+            if isinstance(v, torch.Tensor) or "val" not in p.meta:
+                p.meta["val"] = v
         self.placeholder_index = {n: i for i, n in enumerate(placeholders)}
+        # On host or CUDA tensors, a graph that writes its inputs (an
+        # optimizer's step, BatchNorm's statistics) runs whole with the
+        # writes in its code, where inductor makes them in place: a copy of
+        # it before they are taken out (partitions are pure functions).
+        full = None
+        if not lazy_inputs and _writes_inputs(gm, self.placeholder_index):
+            full = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
         self.mutations = _strip_input_mutations(gm, self.placeholder_index)
         _partition.untie_effects(gm)
-        for p, v in zip(placeholders, example_inputs):
-            if "val" not in p.meta:
-                p.meta["val"] = v
         symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
                        for v in (p.meta.get("val") for p in placeholders))
         lanes = len(_C.lanes())
         groups = _partition.split(gm, 1 if symbolic else lanes)
+        self.groups = len(groups)
         outside = _partition.used_outside(gm, groups) | {src for _, src in self.mutations}
         multi = len(groups) > 1
         from torch._guards import TracingContext
 
-        def compile_part(members, kept, split, node=True):
-            sub, ins, outs = _partition.subgraph(gm, members, kept)
-            sub_static = [k for k, i in enumerate(ins) if self.placeholder_index.get(i) in static]
+        def compile_part(members, kept, split, node=True, graph=gm, index=self.placeholder_index, visible=None):
+            sub, ins, outs = _partition.subgraph(graph, members, kept, visible, whole=not node)
+            sub_static = [k for k, i in enumerate(ins) if index.get(i) in static]
             # Each compile reports its own outputs' strides; the graph's are
             # reported below.
-            with TracingContext.report_output_strides():
-                return _Part(sub, ins, outs, [i.meta["val"] for i in ins],
+            with TracingContext.report_output_strides() as strides:
+                part = _Part(sub, ins, outs, [i.meta["val"] for i in ins],
                              dict(kwargs, static_input_idxs=sub_static), split, lanes, node)
+            part.output_strides = strides
+            return part
 
-        self.parts = [compile_part(members, outside, multi) for members in groups]
-        # A split graph for host or CUDA tensors is also compiled whole (its
-        # cross-partition values stay inside, fused as inductor fuses them).
-        self.whole = self.choice = None
-        if multi and not lazy_inputs:
-            members = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
-            kept = _partition.used_outside(gm, [members]) | {src for _, src in self.mutations}
-            self.whole = compile_part(members, kept, False, node=False)
+        self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        # A graph on host or CUDA tensors, split or writing its inputs, is
+        # also compiled whole (its cross-partition values stay inside, fused
+        # as inductor fuses them; its writes are in place). One partition
+        # that writes nothing is the whole graph already.
+        self.whole = self.choice = self._whole_call = None
+        if not lazy_inputs and (multi or full is not None):
+            if full is not None:
+                graph, index = full, {n: i for i, n in enumerate(n for n in full.graph.nodes if n.op == "placeholder")}
+                written = []  # in its code
+            else:
+                graph, index, written = gm, self.placeholder_index, self.mutations
+            members = [n for n in graph.graph.nodes if n.op in ("call_function", "get_attr")]
+            kept = _partition.used_outside(graph, [members]) | {src for _, src in written}
+            # Its outputs keep eager's strides where inductor alone would
+            # (the model's outputs): saved activations take the layouts
+            # inductor picks (channels-last around convolutions), reported
+            # to the backward's compile below.
+            output_node = next(n for n in graph.graph.nodes if n.op == "output")
+            output_args = output_node.args[0]
+            visible = None
+            if "user_visible_output_idxs" in output_node.meta:
+                visible = {output_args[k] for k in output_node.meta["user_visible_output_idxs"]}
+            self.whole = compile_part(members, kept, False, node=False, graph=graph, index=index, visible=visible)
+            self._whole_call = _direct_call(self.whole, index, written, output_args)
+        self.parts = [] if not multi and full is not None else \
+            [compile_part(members, outside, multi) for members in groups]
+        if multi and self.whole is not None:
             on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in example_inputs)
             self.choice = _Choice("whole" if on_cuda else CHOICE)
-        self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        self._direct_in = self._direct_out = None
-        if len(self.parts) == 1 and not self.mutations:
-            part = self.parts[0]
-            self._direct_in = [self.placeholder_index[i] for i in part.inputs]
-            at = {n: k for k, n in enumerate(part.outputs)}
-            out = [(0, at[a]) if a in at else (1, self.placeholder_index[a]) if isinstance(a, torch.fx.Node)
-                   else (2, a) for a in self.output_args]
-            self._direct_out = None if out == [(0, k) for k in range(len(part.outputs))] else out
+        # One inductor call and nothing else: a graph of one partition, or
+        # one whose whole code was chosen (set once the choice is made).
+        self._direct = None
+        if self.whole is not None and (self.choice is None or self.choice.chosen == 1):
+            self._direct = self._whole_call
+        elif len(self.parts) == 1:
+            self._direct = _direct_call(self.parts[0], self.placeholder_index, self.mutations, self.output_args)
+        # The graph's output strides: the whole graph's code's where it has
+        # it (the partitions' outputs are laid out so, _outputs), else
+        # eager's.
+        whole_strides = [None] * len(self.output_args)
+        if self.whole is not None and self.whole.output_strides:
+            at = {n: j for j, n in enumerate(self.whole.outputs)}
+            whole_strides = [self.whole.output_strides[at[a]] if isinstance(a, torch.fx.Node) and a in at else None
+                             for a in output_args]  # the whole graph's outputs, in the graph's order
+        self.output_strides = []
+        for a, stride in zip(self.output_args, whole_strides):
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            self.output_strides.append(stride if stride is not None else
+                                       tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
         context = TracingContext.try_get()
         if context is not None and context.output_strides is not None:
-            for a in self.output_args:
-                v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                context.output_strides.append(tuple(v.stride()) if isinstance(v, torch.Tensor) else None)
+            context.output_strides.extend(self.output_strides)
         self.symbolic = symbolic
         self.serial = next(_serial)
         with _registry_lock:
@@ -325,23 +412,20 @@ class CompiledGraph:
                 if a.device.type == "mgpu":
                     return self._run_lazy(list(args))
                 on_cuda = True
-        if self._direct_in is not None:
-            # One partition on host or CUDA tensors: inductor's code, called
-            # with the inputs it was compiled for, its outputs put in order.
-            outs = self.parts[0].compiled([args[i] for i in self._direct_in])
-            if self._direct_out is None:
-                return outs
-            return [outs[k] if kind == 0 else args[k] if kind == 1 else k for kind, k in self._direct_out]
+        if self._direct is not None:
+            return _call_direct(self._direct, args)
         args = list(args)
         if on_cuda or self.symbolic:
-            return self._run_direct(args, [self.whole] if self.whole is not None else self.parts)
+            return self._run_direct(args, self.parts)
         if self.choice is None:
             return self._run_engine(args)
         k, timed = self.choice.next()
         t0 = time.perf_counter()
-        out = self._run_engine(args) if k == 0 else self._run_direct(args, [self.whole])
+        out = self._run_engine(args) if k == 0 else self._run_whole(args)
         if timed:
             self.choice.record(k, time.perf_counter() - t0)
+            if self.choice.chosen == 1:
+                self._direct = self._whole_call
         return out
 
     def _value(self, node, args, env):
@@ -354,14 +438,21 @@ class CompiledGraph:
             v = env.get(src) if src in env else self._value(src, args, env)
             args[index].copy_(view(v) if view is not None and src in env else v)
         out = []
-        for a in self.output_args:
+        for a, stride in zip(self.output_args, self.output_strides):
             if not isinstance(a, torch.fx.Node):
                 out.append(a)
-            elif view is not None and a in env:
-                out.append(view(env[a]))
-            else:
-                out.append(self._value(a, args, env))
+                continue
+            v = view(env[a]) if view is not None and a in env else self._value(a, args, env)
+            if stride is not None and isinstance(v, torch.Tensor) and not _laid_out(v, stride):
+                # Laid out as the graph reported it (the whole graph's code's
+                # layout, an input it returns converted included).
+                v = torch.empty_strided(v.shape, stride, dtype=v.dtype, device=v.device).copy_(v)
+            out.append(v)
         return out
+
+    def _run_whole(self, args):
+        """The whole graph's code, here (as its choice runs it)."""
+        return _call_direct(self._whole_call, args)
 
     def _run_direct(self, args, parts):
         """Each of `parts` in turn, here: inductor's code and nothing else."""
