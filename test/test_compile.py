@@ -371,15 +371,21 @@ def test_four_tower_conv_block_training_and_batchnorm_buffers(device, choice):
         torch.testing.assert_close(fast(x.to(device)).cpu(), ref(x), **TOL)
 
 
+def one_conv():
+    return torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+
+
 @pytest.mark.parametrize("choice", ["whole"], indirect=True)
-def test_a_conv_block_saves_its_activations_in_inductors_layouts(choice):
-    """The whole graph's code lays out what the forward saves for the
-    backward as inductor alone does (channels-last around convolutions on
-    the CPU), and the backward is compiled for those layouts."""
+@pytest.mark.parametrize("make", [FourTowers, one_conv])
+def test_a_conv_block_saves_its_activations_in_inductors_layouts(choice, make):
+    """The whole graph's code (of a split graph, or of one not split) lays
+    out what the forward saves for the backward as inductor alone does
+    (channels-last around convolutions on the CPU), and the backward is
+    compiled for those layouts."""
     def saved_strides(backend):
         torch.manual_seed(6)
         torch._dynamo.reset()
-        model = FourTowers()
+        model = make()
         fast = torch.compile(model, backend=backend)
         x = torch.randn(4, 8, 16, 16)
         strides = []

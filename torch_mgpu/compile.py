@@ -347,12 +347,14 @@ class CompiledGraph:
             return part
 
         self.output_args = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        # A graph on host or CUDA tensors, split or writing its inputs, is
-        # also compiled whole (its cross-partition values stay inside, fused
-        # as inductor fuses them; its writes are in place). One partition
-        # that writes nothing is the whole graph already.
+        # A graph on host or CUDA tensors is compiled whole, as inductor
+        # alone compiles it (a split one's cross-partition values stay
+        # inside, fused as inductor fuses them; its writes are in place; its
+        # saved activations in inductor's layouts); a split one also in
+        # partitions, and its first calls choose. On mgpu inputs, the
+        # partitions only: they join the pending graph.
         self.whole = self.choice = self._whole_call = None
-        if not lazy_inputs and (multi or full is not None):
+        if not lazy_inputs:
             if full is not None:
                 graph, index = full, {n: i for i, n in enumerate(n for n in full.graph.nodes if n.op == "placeholder")}
                 written = []  # in its code
@@ -371,13 +373,12 @@ class CompiledGraph:
                 visible = {output_args[k] for k in output_node.meta["user_visible_output_idxs"]}
             self.whole = compile_part(members, kept, False, node=False, graph=graph, index=index, visible=visible)
             self._whole_call = _direct_call(self.whole, index, written, output_args)
-        self.parts = [] if not multi and full is not None else \
-            [compile_part(members, outside, multi) for members in groups]
+        self.parts = [compile_part(members, outside, multi) for members in groups] if lazy_inputs or multi else []
         if multi and self.whole is not None:
             on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in example_inputs)
             self.choice = _Choice("whole" if on_cuda else CHOICE)
-        # One inductor call and nothing else: a graph of one partition, or
-        # one whose whole code was chosen (set once the choice is made).
+        # One inductor call and nothing else: the whole graph's code, at
+        # once where there is nothing to choose, else once it is chosen.
         self._direct = None
         if self.whole is not None and (self.choice is None or self.choice.chosen == 1):
             self._direct = self._whole_call
