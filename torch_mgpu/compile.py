@@ -117,6 +117,11 @@ class _Part:
             effects = any(n.target is torch.ops.higher_order.with_effects for n in sub.graph.nodes)
             patches = {"cpp.threads": _cpu_threads(lanes)} if effects else \
                 {"cpp_wrapper": True, "cpp.threads": _cpu_threads(lanes)}
+        if any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v)) for v in example_inputs):
+            # Inductor's FX graph cache, hit by a graph with symbolic sizes
+            # compiled here (a backward's, on a second process's run), fails
+            # evaluating the entry's guards (KeyError: 'args'): not cached.
+            patches["fx_graph_cache"] = False
         t0 = time.perf_counter()
         with inductor_config.patch(patches):
             self.compiled = compile_fx_inner(sub, example_inputs,
@@ -310,11 +315,14 @@ class CompiledGraph:
         kwargs.pop("fx_wrapper", None)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for p, v in zip(placeholders, example_inputs):
-            # The example inputs are what inductor compiles for: AOTAutograd
-            # restrides a backward's to the layouts the forward's code gave
-            # its saved activations (channels-last around convolutions), not
-            # its placeholders' values.
-            if isinstance(v, torch.Tensor) or "val" not in p.meta:
+            # AOTAutograd restrides a backward's example inputs to the
+            # layouts the forward's code gave its saved activations
+            # (channels-last around convolutions), not its placeholders'
+            # values. (With symbolic sizes every output keeps eager's
+            # strides, below: the placeholders' values stand.)
+            old = p.meta.get("val")
+            if old is None or (isinstance(v, torch.Tensor) and isinstance(old, torch.Tensor) and
+                               not _has_symbols(old) and not _has_symbols(v) and v.stride() != old.stride()):
                 p.meta["val"] = v
         self.placeholder_index = {n: i for i, n in enumerate(placeholders)}
         # On host or CUDA tensors, a graph that writes its inputs (an
@@ -368,8 +376,8 @@ class CompiledGraph:
             # to the backward's compile below.
             output_node = next(n for n in graph.graph.nodes if n.op == "output")
             output_args = output_node.args[0]
-            visible = None
-            if "user_visible_output_idxs" in output_node.meta:
+            visible = None  # all: with symbolic sizes, eager's strides everywhere
+            if "user_visible_output_idxs" in output_node.meta and not symbolic:
                 visible = {output_args[k] for k in output_node.meta["user_visible_output_idxs"]}
             self.whole = compile_part(members, kept, False, node=False, graph=graph, index=index, visible=visible)
             self._whole_call = _direct_call(self.whole, index, written, output_args)
