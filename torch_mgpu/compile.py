@@ -117,7 +117,8 @@ class _Part:
             effects = any(n.target is torch.ops.higher_order.with_effects for n in sub.graph.nodes)
             patches = {"cpp.threads": _cpu_threads(lanes)} if effects else \
                 {"cpp_wrapper": True, "cpp.threads": _cpu_threads(lanes)}
-        if any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v)) for v in example_inputs):
+        self.symbolic = _any_symbolic(example_inputs)
+        if self.symbolic:
             # Inductor's FX graph cache, hit by a graph with symbolic sizes
             # compiled here (a backward's, on a second process's run), fails
             # evaluating the entry's guards (KeyError: 'args'): not cached.
@@ -129,8 +130,6 @@ class _Part:
         self.compile_s = time.perf_counter() - t0
         self.kernels = _count_kernels(self.compiled)
         self.specs = [v if isinstance(v, torch.Tensor) else None for v in example_inputs]
-        self.symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
-                            for v in example_inputs)
         self.handle = None
         work = dict(work, threads=float(patches.get("cpp.threads", 0)))
         # A partition that reads no tensor (torch.eye, arange) takes an empty
@@ -171,8 +170,7 @@ def _strip_input_mutations(gm, placeholder_index):
     (input index, value node) pairs, copied by the caller after the run."""
     mutations = []
     for n in list(gm.graph.nodes):
-        if (n.op == "call_function" and n.target is torch.ops.aten.copy_.default
-                and n.args[0] in placeholder_index):
+        if _writes_input(n, placeholder_index):
             dst, src = n.args[0], n.args[1]
             n.replace_all_uses_with(src)
             gm.graph.erase_node(n)
@@ -183,9 +181,9 @@ def _strip_input_mutations(gm, placeholder_index):
     return mutations
 
 
-def _writes_inputs(gm, placeholder_index):
-    return any(n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholder_index
-               for n in gm.graph.nodes)
+def _writes_input(n, placeholder_index):
+    """Whether node `n` writes an input of its graph (`copy_(input, value)`)."""
+    return n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholder_index
 
 
 def _direct_call(part, placeholder_index, mutations, output_args):
@@ -228,6 +226,11 @@ def _call_direct(direct, args):
 
 def _has_symbols(t):
     return any(isinstance(s, torch.SymInt) for s in t.shape) or any(isinstance(s, torch.SymInt) for s in t.stride())
+
+
+def _any_symbolic(values):
+    """Whether any of `values` is a SymInt or a tensor of symbolic sizes or strides."""
+    return any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v)) for v in values)
 
 
 def _meta_like(v):
@@ -330,12 +333,11 @@ class CompiledGraph:
         # writes in its code, where inductor makes them in place: a copy of
         # it before they are taken out (partitions are pure functions).
         full = None
-        if not lazy_inputs and _writes_inputs(gm, self.placeholder_index):
+        if not lazy_inputs and any(_writes_input(n, self.placeholder_index) for n in gm.graph.nodes):
             full = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
         self.mutations = _strip_input_mutations(gm, self.placeholder_index)
         _partition.untie_effects(gm)
-        symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _has_symbols(v))
-                       for v in (p.meta.get("val") for p in placeholders))
+        symbolic = _any_symbolic(p.meta.get("val") for p in placeholders)
         lanes = len(_C.lanes())
         groups = _partition.split(gm, 1 if symbolic else lanes)
         self.groups = len(groups)
