@@ -32,7 +32,11 @@ const char* way_name(Way w);
 // A trace seen this many times is tried (runs of the lazy way: tier 1's
 // compile of its graph is queued by then).
 constexpr size_t kHotRuns = 4;
-constexpr size_t kTrialRuns = 3;
+// Timed runs of each way that decide. Five, not three: the ways of a small
+// trace often differ by 10-20%, and on a loaded machine a median of three
+// took the slower one in one run of three (a 64-feature transform: the
+// lazy way 4.6 ms, at the call 5.3-5.6; see docs/EXECUTION.md).
+constexpr size_t kTrialRuns = 5;
 // Runs of the chosen way before it is tried again; doubled (up to
 // kMaxRetry) each time the same way wins again.
 constexpr size_t kFirstRetry = 32;
