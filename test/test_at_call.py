@@ -66,6 +66,33 @@ def test_in_place_writes_through_views_and_out_at_the_call(at_call):
     assert out_m.stride() == out.stride()
 
 
+def test_in_place_writes_at_the_call_copy_only_bytes_something_else_holds(at_call):
+    """An in-place op at the call writes into its storage's own bytes where
+    nothing else holds them, as eager does (stats()["write_copies"] stays),
+    and into a copy where something does (a pending node that reads them),
+    which keeps reading the value it was recorded with."""
+    at_call("on")
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(256, generator=g)
+    t, mt = x * 1.5, x.to("mgpu") * 1.5
+    before = torch_mgpu.stats()["write_copies"]
+    for _ in range(5):
+        t.add_(0.25).mul_(0.5)
+        mt.add_(0.25).mul_(0.5)
+    assert torch_mgpu.stats()["write_copies"] == before
+    assert torch.equal(mt.cpu(), t)
+    _C._set_at_call("off")  # recorded: the node reads t's bytes when it runs
+    pending = mt * 2.0
+    _C._set_at_call("on")
+    assert torch_mgpu.pending_ops() == 1
+    want_pending = t * 2.0
+    mt.add_(1.0)
+    t.add_(1.0)
+    assert torch_mgpu.stats()["write_copies"] == before + 1
+    assert torch.equal(pending.cpu(), want_pending)
+    assert torch.equal(mt.cpu(), t)
+
+
 def test_in_place_ops_at_the_call_return_their_argument_and_take_no_reference(at_call):
     """The commonest ops reach mgpu with their tensors borrowed; at the call
     an in-place one returns its argument, the same Python object, and leaves

@@ -89,6 +89,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
       const bool in_place = write && sole_host_value(t.storage());
       c10::Storage s = engine::materialize(t.storage());
       if (write && !in_place) {
+        runtime::counters().write_copies++;
         c10::Storage c = runtime::allocate(s.nbytes());
         if (s.nbytes()) std::memcpy(c.mutable_data(), s.data(), s.nbytes());
         s = c;

@@ -19,6 +19,9 @@ namespace torch_mgpu::runtime {
   /* ops run at their call (engine/at_call.h), and the traces whose ops ran so */                            \
   X(at_call_ops)                                                                                            \
   X(at_call_traces)                                                                                         \
+  /* in-place writes of ops run now (at the call, or eagerly) that went into a copy of the storage's */     \
+  /* bytes, something else holding them (a pending node, a device copy, another storage) */                 \
+  X(write_copies)                                                                                           \
   X(host_nodes) /* nodes of CUDA lanes whose op has no CUDA kernel, run on the host */                      \
   X(bytes_transferred)                                                                                      \
   X(syncs)                                                                                                  \
