@@ -128,3 +128,65 @@ def test_gradients_of_a_first_layer_whose_input_needs_none(norm):
     tolerance = CUDA_LANES_TOLERANCE if on_cuda_lanes() else dict(rtol=1e-5, atol=1e-6)
     for p_ref, p_mg in zip(ref.parameters(), mg.parameters()):
         torch.testing.assert_close(p_mg.grad.cpu(), p_ref.grad, **tolerance)
+
+
+def _hooked_thread(t, seen):
+    """A hook on `t` that notes the thread its gradient is computed on and
+    whether autograd's multithreading was on there."""
+    import threading
+
+    def hook(grad):
+        seen.append((threading.get_ident(), torch._C._is_multithreading_enabled()))
+    t.register_hook(hook)
+
+
+@pytest.mark.parametrize("how", ["backward", "grad"])
+def test_the_backward_of_an_mgpu_graph_runs_on_the_calling_thread(how):
+    """Autograd runs a device's nodes on a thread of its own; an mgpu
+    graph's run on the thread that called backward (torch_mgpu/_backward.py:
+    a second thread's kernels would start an OpenMP team of their own, and
+    with more OpenMP threads than cores every kernel pays for waking its
+    team). The gradients are eager's; the setting is the program's again
+    afterwards, and a CPU graph's backward is left as PyTorch runs it."""
+    import threading
+    g = torch.Generator().manual_seed(31)
+    w_cpu = torch.randn(12, 6, generator=g, requires_grad=True)
+    x_cpu = torch.randn(9, 12, generator=g)
+    w = w_cpu.detach().to("mgpu").requires_grad_()
+    seen = []
+    h = torch.tanh(x_cpu.to("mgpu") @ w)
+    _hooked_thread(h, seen)
+    loss = (h * h).sum()
+    h_cpu = torch.tanh(x_cpu @ w_cpu)
+    loss_cpu = (h_cpu * h_cpu).sum()
+    if how == "backward":
+        loss.backward()
+        loss_cpu.backward()
+        got, want = w.grad, w_cpu.grad
+    else:
+        (got,) = torch.autograd.grad(loss, [w])
+        (want,) = torch.autograd.grad(loss_cpu, [w_cpu])
+    assert seen == [(threading.get_ident(), False)]
+    torch.testing.assert_close(got.cpu(), want)
+    assert torch._C._is_multithreading_enabled()
+
+    seen.clear()
+    c = torch.randn(4, 4, generator=g, requires_grad=True) * 2
+    _hooked_thread(c, seen)
+    c.sum().backward()
+    assert seen == [(threading.get_ident(), True)]
+
+
+def test_an_error_in_an_mgpu_backward_leaves_the_setting_as_it_was():
+    w = torch.randn(5, 3).to("mgpu").requires_grad_()
+    h = w * 3
+
+    def fail(grad):
+        raise ValueError("a hook that fails")
+    h.register_hook(fail)
+    with pytest.raises(ValueError, match="a hook that fails"):
+        h.sum().backward()
+    assert torch._C._is_multithreading_enabled()
+    # The engine's other entries are PyTorch's own.
+    from torch.autograd.variable import Variable
+    assert Variable._execution_engine.is_checkpoint_valid()

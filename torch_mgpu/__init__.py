@@ -14,7 +14,7 @@ from . import _C  # loads libtorch_mgpu: registers the PrivateUse1 backend as "m
 
 _C._check_env()  # a TORCH_MGPU_* variable that does not parse raises here, naming it
 from . import device as _device_module
-from . import _meta_warnings, _settings, _tiers
+from . import _backward, _meta_warnings, _settings, _tiers
 from ._plan import Plan, Simulation, device_profiles, last_plan, simulate
 
 def _install_caller() -> None:
@@ -27,6 +27,7 @@ def _install_caller() -> None:
 _install_caller()
 _settings.install()
 _meta_warnings.install()
+_backward.install()
 _settings.follow_lanes_device()
 
 if not hasattr(torch, "mgpu"):
