@@ -215,23 +215,33 @@ def settle_default(case, mg_in):
     flights, traces tried at the call) until no compile is pending after a
     run and every repeated trace has chosen its way (untimed): the timed
     runs of the `mgpu` column then meet the steady state a loop reaches,
-    not the compile thread at work nor a trial."""
+    not the compile thread at work nor a trial. Each run comes after
+    SETTLE_S idle, as the timed ones do: the trials measure the ways in the
+    rhythm they are timed in (after an idle gap the lanes, the background
+    worker and an OpenMP team sleep, and waking them costs the ways that
+    use them: 8 branches 128 chose the way at the call with two threads,
+    0.70 ms in a loop with no gap, 1.57 ms timed after one, where one
+    thread took 0.96)."""
+    def run():
+        time.sleep(SETTLE_S)
+        mgpu_sync(case.fn(*mg_in))
+
     if torch_mgpu._C._tier_compile_hits():
         for k in range(TIER1_HITS + 14):
-            mgpu_sync(case.fn(*mg_in))
+            run()
             if k >= TIER1_HITS - 1 and not torch_mgpu.wait_for_compiles(600):
                 return
     if torch_mgpu._C._at_call() != "auto":
         return
     runs = {t["trace"]: t["runs"] for t in torch_mgpu.trace_choices()}
-    mgpu_sync(case.fn(*mg_in))
+    run()
     for _ in range(60):
         # The workload's traces: those that ran since.
         ours = [t for t in torch_mgpu.trace_choices() if t["runs"] > runs.get(t["trace"], 0)]
         if all(t["state"] == "chosen" for t in ours):
             return
         runs = {t["trace"]: t["runs"] for t in torch_mgpu.trace_choices()}
-        mgpu_sync(case.fn(*mg_in))
+        run()
 
 
 def tier1_way(plan):
