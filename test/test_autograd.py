@@ -140,14 +140,14 @@ def _hooked_thread(t, seen):
     t.register_hook(hook)
 
 
-@pytest.mark.parametrize("how", ["backward", "grad"])
+@pytest.mark.parametrize("how", ["backward", "grad", "host loss"])
 def test_the_backward_of_an_mgpu_graph_runs_on_the_calling_thread(how):
     """Autograd runs a device's nodes on a thread of its own; an mgpu
     graph's run on the thread that called backward (torch_mgpu/_backward.py:
     a second thread's kernels would start an OpenMP team of their own, and
     with more OpenMP threads than cores every kernel pays for waking its
-    team). The gradients are eager's; the setting is the program's again
-    afterwards, and a CPU graph's backward is left as PyTorch runs it."""
+    team), also under a loss computed on the host. The gradients are
+    eager's, and the setting is the program's again afterwards."""
     import threading
     g = torch.Generator().manual_seed(31)
     w_cpu = torch.randn(12, 6, generator=g, requires_grad=True)
@@ -156,37 +156,93 @@ def test_the_backward_of_an_mgpu_graph_runs_on_the_calling_thread(how):
     seen = []
     h = torch.tanh(x_cpu.to("mgpu") @ w)
     _hooked_thread(h, seen)
-    loss = (h * h).sum()
+    loss = (h.cpu() ** 2).sum() if how == "host loss" else (h * h).sum()
     h_cpu = torch.tanh(x_cpu @ w_cpu)
     loss_cpu = (h_cpu * h_cpu).sum()
-    if how == "backward":
+    if how == "grad":
+        (got,) = torch.autograd.grad(loss, [w])
+        (want,) = torch.autograd.grad(loss_cpu, [w_cpu])
+    else:
         loss.backward()
         loss_cpu.backward()
         got, want = w.grad, w_cpu.grad
-    else:
-        (got,) = torch.autograd.grad(loss, [w])
-        (want,) = torch.autograd.grad(loss_cpu, [w_cpu])
     assert seen == [(threading.get_ident(), False)]
     torch.testing.assert_close(got.cpu(), want)
     assert torch._C._is_multithreading_enabled()
 
-    seen.clear()
-    c = torch.randn(4, 4, generator=g, requires_grad=True) * 2
-    _hooked_thread(c, seen)
-    c.sum().backward()
-    assert seen == [(threading.get_ident(), True)]
+
+def test_which_backwards_run_on_the_calling_thread():
+    """The rule of torch_mgpu/_backward.py: mgpu roots or inputs, tensors or
+    GradientEdges (keyword arguments too), or any backward where no CUDA
+    device is present (a host root may stand over an mgpu graph)."""
+    from torch.autograd.graph import get_gradient_edge
+    from torch_mgpu import _backward
+    x = torch.randn(3, requires_grad=True)
+    xm = x.detach().to("mgpu").requires_grad_()
+    assert _backward._mgpu_value(xm) and not _backward._mgpu_value(x)
+    assert _backward._mgpu_value(get_gradient_edge(xm * 2))
+    assert not _backward._mgpu_value(get_gradient_edge(x * 2))
+    saved = _backward._no_cuda
+    try:
+        _backward._no_cuda = False  # as on a machine with a CUDA device
+        assert _backward._reaches_mgpu((xm.sum(),), ())
+        assert _backward._reaches_mgpu((x.sum(),), (xm,))
+        assert not _backward._reaches_mgpu((x.sum(),), (x,))
+        _backward._no_cuda = True
+        assert _backward._reaches_mgpu((x.sum(),), ())
+    finally:
+        _backward._no_cuda = saved
+    # The engine's keyword form.
+    from torch.autograd.variable import Variable
+    (gx,) = Variable._execution_engine.run_backward(
+        tensors=((xm * xm).sum(),), grad_tensors=(torch.ones((), device="mgpu"),), keep_graph=False, create_graph=False,
+        inputs=(xm,), allow_unreachable=False, accumulate_grad=False)
+    torch.testing.assert_close(gx.cpu(), 2 * x.detach())
+
+
+def test_mgpu_backwards_from_several_threads_each_give_eagers_gradients():
+    """Each thread's backward runs on that thread, side by side."""
+    import threading
+    g = torch.Generator().manual_seed(33)
+    ws = [torch.randn(16, 8, generator=g) for _ in range(4)]
+    xs = [torch.randn(10, 16, generator=g) for _ in range(4)]
+    got, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                w = ws[i].to("mgpu").requires_grad_()
+                torch.relu(xs[i].to("mgpu") @ w).pow(2).mean().backward()
+            got[i] = w.grad.cpu()
+        except Exception as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(4):
+        w = ws[i].clone().requires_grad_()
+        torch.relu(xs[i] @ w).pow(2).mean().backward()
+        torch.testing.assert_close(got[i], w.grad)
 
 
 def test_an_error_in_an_mgpu_backward_leaves_the_setting_as_it_was():
+    from torch.autograd.variable import Variable
+    from torch_mgpu import _backward
+    assert isinstance(Variable._execution_engine, _backward._Engine)
     w = torch.randn(5, 3).to("mgpu").requires_grad_()
     h = w * 3
+    during = []
 
     def fail(grad):
+        during.append(torch._C._is_multithreading_enabled())
         raise ValueError("a hook that fails")
     h.register_hook(fail)
     with pytest.raises(ValueError, match="a hook that fails"):
         h.sum().backward()
+    assert during == [False]
     assert torch._C._is_multithreading_enabled()
     # The engine's other entries are PyTorch's own.
-    from torch.autograd.variable import Variable
     assert Variable._execution_engine.is_checkpoint_valid()

@@ -12,36 +12,63 @@ threads took 19.5 ms (forward 5.0, backward 9.5, Adam 5.0) where eager with
 two threads took 9.7; with its backward on the calling thread, 10.7 (3.5,
 5.5, 1.8).
 
-So a backward whose roots are mgpu tensors runs as
+So a backward that may reach mgpu nodes runs as
 `torch.autograd.set_multithreading_enabled(False)` runs it, on the calling
-thread; any other backward is left as PyTorch runs it. The engine object
-that `backward()`, `torch.autograd.grad()` and the callbacks of DDP and
-FSDP reach (`Variable._execution_engine`) is wrapped; everything but
-`run_backward` goes to PyTorch's own.
+thread: one whose roots or inputs are mgpu tensors (or GradientEdges of
+mgpu outputs), and, where no CUDA device is present (no other device has a
+thread to lose), every backward: a loss computed on the host from mgpu
+values (`(h.cpu() ** 2).sum()`) has host roots over an mgpu graph. Any
+other backward is left as PyTorch runs it. The engine object that
+`backward()`, `torch.autograd.grad()` and the callbacks of DDP and FSDP
+reach (`Variable._execution_engine`) is wrapped; everything but
+`run_backward` goes to PyTorch's own. TorchScript's and LibTorch's
+backward call the C++ engine directly and keep autograd's device thread.
 """
 import torch
 from torch.autograd.variable import Variable
 
+_no_cuda = None  # whether no CUDA device is present (known at the first backward)
 
-def _on_mgpu(roots) -> bool:
-    # Roots are tensors or GradientEdges (a node's output: no device to read).
-    return any(isinstance(r, torch.Tensor) and r.device.type == "mgpu" for r in roots)
+
+def _mgpu_value(r) -> bool:
+    if isinstance(r, torch.Tensor):
+        return r.device.type == "mgpu"
+    node = getattr(r, "node", None)  # a GradientEdge: its node's output metadata
+    try:
+        return node._input_metadata[r.output_nr].device.type == "mgpu"
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+def _reaches_mgpu(roots, inputs) -> bool:
+    global _no_cuda
+    if _no_cuda is None:
+        _no_cuda = not torch.cuda.is_available()
+    if _no_cuda:
+        return True
+    return any(_mgpu_value(r) for r in tuple(roots) + tuple(inputs or ()))
 
 
 class _Engine:
-    """PyTorch's engine; a backward from mgpu roots on the calling thread."""
+    """PyTorch's engine; a backward that may reach mgpu on the calling thread."""
 
     def __init__(self, engine):
         self._engine = engine
 
-    def run_backward(self, roots, *args, **kwargs):
-        if _on_mgpu(roots):
+    def run_backward(self, *args, **kwargs):
+        # run_backward(tensors, grad_tensors, keep_graph, create_graph, inputs, ...)
+        roots = args[0] if args else kwargs.get("tensors", ())
+        inputs = args[4] if len(args) > 4 else kwargs.get("inputs", ())
+        if _reaches_mgpu(roots, inputs):
             with torch.autograd.set_multithreading_enabled(False):
-                return self._engine.run_backward(roots, *args, **kwargs)
-        return self._engine.run_backward(roots, *args, **kwargs)
+                return self._engine.run_backward(*args, **kwargs)
+        return self._engine.run_backward(*args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self._engine, name)
+        engine = self.__dict__.get("_engine")
+        if engine is None:
+            raise AttributeError(name)
+        return getattr(engine, name)
 
 
 def install() -> None:
