@@ -133,6 +133,26 @@ def assert_same(mgpu_tensor, cpu_tensor, exact=True):
         torch.testing.assert_close(got, cpu_tensor)
 
 
+def run_in_threads(work, n):
+    """Runs work(0) .. work(n - 1), each on a thread of its own, side by side;
+    raises the first error any of them raised, once all are done."""
+    import threading
+    errors = []
+
+    def guarded(i):
+        try:
+            work(i)
+        except BaseException as e:  # re-raised below, on the test's thread
+            errors.append(e)
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def random_dag_program(rng, n_inputs, n_ops):
     """A random DAG of ops over a pool of values; returns a function of the inputs."""
     ops = []

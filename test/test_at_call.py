@@ -2,7 +2,6 @@
 them, from their calls, with every guarantee of the lazy path; and the
 measured choice between that and the lazy way ("auto")."""
 import os
-import threading
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch.nn.functional as F
 
 import torch_mgpu
 from torch_mgpu import _C
+from conftest import run_in_threads
 
 
 @pytest.fixture
@@ -216,23 +216,14 @@ def test_a_foreach_optimizer_step_at_the_call_is_eagers(at_call):
 def test_threads_run_their_ops_at_the_call(at_call):
     at_call("on")
     xs = [torch.randn(20, 20) for _ in range(4)]
-    results, errors = [None] * 4, []
+    results = [None] * 4
 
     def work(i):
-        try:
-            m = xs[i].to("mgpu")
-            for _ in range(20):
-                m = torch.tanh(m @ m.t() * 0.01 + i)
-            results[i] = m.cpu()
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+        m = xs[i].to("mgpu")
+        for _ in range(20):
+            m = torch.tanh(m @ m.t() * 0.01 + i)
+        results[i] = m.cpu()
+    run_in_threads(work, 4)
     for i, x in enumerate(xs):
         ref = x
         for _ in range(20):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mgpu
-from conftest import CUDA_LANES_TOLERANCE, on_cuda_lanes
+from conftest import CUDA_LANES_TOLERANCE, on_cuda_lanes, run_in_threads
 
 
 def test_backward_is_lazy_and_grads_on_mgpu():
@@ -202,26 +202,17 @@ def test_which_backwards_run_on_the_calling_thread():
 
 def test_mgpu_backwards_from_several_threads_each_give_eagers_gradients():
     """Each thread's backward runs on that thread, side by side."""
-    import threading
     g = torch.Generator().manual_seed(33)
     ws = [torch.randn(16, 8, generator=g) for _ in range(4)]
     xs = [torch.randn(10, 16, generator=g) for _ in range(4)]
-    got, errors = [None] * 4, []
+    got = [None] * 4
 
     def work(i):
-        try:
-            for _ in range(5):
-                w = ws[i].to("mgpu").requires_grad_()
-                torch.relu(xs[i].to("mgpu") @ w).pow(2).mean().backward()
-            got[i] = w.grad.cpu()
-        except Exception as e:  # reported below
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+        for _ in range(5):
+            w = ws[i].to("mgpu").requires_grad_()
+            torch.relu(xs[i].to("mgpu") @ w).pow(2).mean().backward()
+        got[i] = w.grad.cpu()
+    run_in_threads(work, 4)
     for i in range(4):
         w = ws[i].clone().requires_grad_()
         torch.relu(xs[i] @ w).pow(2).mean().backward()
