@@ -68,6 +68,7 @@ void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
   ++e.runs;
   if (e.state == State::Trial && ran.predicted && ran.trace == trace && ran.timed)
     e.trial.record(ran.trial_way, seconds);
+  if (e.state == State::Chosen && ran.predicted && ran.trace == trace && ran.way == e.way) steady(e, seconds);
   if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
     e.state = State::Trial;
     e.trial = new_trial();
@@ -85,6 +86,30 @@ void Choices::decide(Entry& e) {
   e.way = won;
   e.state = State::Chosen;
   e.since = 0;
+  e.recent.clear();
+  e.drifted.clear();
+}
+
+void Choices::steady(Entry& e, double seconds) {
+  e.recent.push_back(seconds);
+  if (e.recent.size() < kSteadyRuns) return;
+  const double ran = ir::median(e.recent);
+  e.recent.clear();
+  const auto chosen = static_cast<size_t>(e.way);
+  if (chosen >= e.medians.size() || ran <= kDrift * e.trial.median_of(chosen)) return;
+  // Slower than its trial measured it: this time is its measure, and the
+  // trial's rule picks again over the measures.
+  e.medians[chosen] = ran;
+  e.drifted = std::string(way_name(e.way)) + " then ran " + std::to_string(static_cast<int64_t>(ran * 1e6)) +
+      " us (median of " + std::to_string(kSteadyRuns) + ")";
+  size_t best = 0;
+  for (size_t w = 1; w < e.medians.size(); ++w)
+    if (e.medians[w] > 0 && (best == 0 || e.medians[w] < e.medians[best])) best = w;
+  if (best != 0 && !(e.medians[best] * ir::margin::kAtCall < e.medians[0])) best = 0;
+  if (best == chosen) return;
+  e.way = static_cast<Way>(best);
+  e.since = 0;
+  e.retry = kFirstRetry;
 }
 
 void Choices::clear() {
@@ -111,6 +136,7 @@ std::vector<TraceReport> Choices::report() const {
         r.why += std::string(w ? "," : "") + " " + way_name(static_cast<Way>(w)) + " " +
             std::to_string(static_cast<int64_t>(e.medians[w] * 1e6)) + " us";
       r.why += " (median of " + std::to_string(kTrialRuns) + ")";
+      if (!e.drifted.empty()) r.why += "; " + e.drifted;
     } else {
       r.why = "first trial in progress";
     }
@@ -131,8 +157,7 @@ struct Tracer {
   size_t ops = 0;
   Way way = Way::Lazy;
   bool begun = false;    // the choices told this trace's way (auto, host lanes)
-  bool started = false;  // `since` is set
-  clock::time_point since;  // the end of the read before the trace
+  clock::time_point since;  // the trace's first op
 };
 
 Tracer& tracer() {
@@ -216,10 +241,7 @@ uint64_t call_shape(c10::ArrayRef<c10::IValue> args) {
 Way on_call(const void* op, c10::ArrayRef<c10::IValue> args) {
   auto& t = tracer();
   if (t.ops == 0) {
-    if (!t.started) {
-      t.since = clock::now();
-      t.started = true;
-    }
+    t.since = clock::now();
     t.hash = kHashSeed;
     t.begun = false;
     if (t.mode == "off" || !host_lanes()) {
@@ -255,8 +277,6 @@ ProgramRead::~ProgramRead() {
       t.way = Way::Lazy;
       t.begun = false;
     }
-    t.since = now;
-    t.started = true;
   } catch (...) {
     // Bookkeeping only: a read that cannot be counted (memory ran out) is
     // no error of the program's.

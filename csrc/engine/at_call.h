@@ -9,7 +9,9 @@
 // or with one. A trace seen often enough is tried each way in turns
 // (ir::Trial, the lazy way the baseline) and runs the way that measured
 // fastest; the choice is tried again after a number of runs that doubles
-// while it holds. A trace is told at its first op by the trace that last
+// while it holds, and sooner where the chosen way's runs drift from what
+// its trial measured (kDrift). A trace is timed from its first op to the
+// end of its read. A trace is told at its first op by the trace that last
 // followed the one before it: a loop's traces come in the same order.
 // Only host lanes run ops at the call (CUDA lanes keep their values on the
 // device). docs/EXECUTION.md, "Running at the call".
@@ -41,6 +43,16 @@ constexpr size_t kTrialRuns = 5;
 // kMaxRetry) each time the same way wins again.
 constexpr size_t kFirstRetry = 32;
 constexpr size_t kMaxRetry = 4096;
+// Between trials, the chosen way's runs are timed in groups of
+// kSteadyRuns: where their median is over kDrift times what its trial
+// measured, that median becomes its measure, and the trial's rule picks
+// again over the measures: five runs of each way on a loaded machine may
+// mislead (a 103-op training step chose its lazy way in one process of
+// six, then ran 5.2-8.2 ms a step against 2.9-4.5 at the call with one
+// thread), a way may run otherwise on its own than between the others'
+// runs, and the machine may change.
+constexpr size_t kSteadyRuns = 8;
+constexpr double kDrift = 1.25;
 
 // What the choice of one trace holds, as stats report it.
 struct TraceReport {
@@ -49,7 +61,7 @@ struct TraceReport {
   size_t runs = 0;
   std::string way;    // "lazy", "at the call", "at the call, one thread"
   std::string state;  // "watched", "on trial", "chosen"
-  std::vector<double> medians_s;  // per way of its last trial (0 where not timed)
+  std::vector<double> medians_s;  // per way of its last trial; the chosen way's runs since, where they drifted (kDrift)
   std::string why;
 };
 
@@ -64,7 +76,7 @@ class Choices {
   // come). `may_try`: whether a trial may start or go on now.
   Way begin(bool may_try);
   // The trace that began ended: `trace` its hash, `ops` its op count,
-  // `seconds` from the read before it to the end of this one.
+  // `seconds` from its first op to the end of its read.
   void end(uint64_t trace, size_t ops, double seconds, bool may_try);
   // Forgets every trace (the lanes changed).
   void clear();
@@ -86,9 +98,12 @@ class Choices {
     bool decided = false;         // a trial has chosen (`way` is its choice)
     bool has_next = false;
     uint64_t next = 0;  // the trace that followed it last
+    std::vector<double> recent;  // times of the chosen way since its trial (the latest group)
+    std::string drifted;         // what its runs measured, where they drifted (reported)
   };
   ir::Trial new_trial() const;
   void decide(Entry& e);
+  void steady(Entry& e, double seconds);
   struct Current {
     bool predicted = false;
     uint64_t trace = 0;  // the trace predicted

@@ -128,6 +128,53 @@ TEST(AtCallChoices, ATraceIsToldByTheOneThatFollowedItsPredecessor) {
   EXPECT_EQ(c.begin(true), Way::Lazy);  // after 1 came 3 last time: watched
 }
 
+TEST(AtCallChoices, AChosenWayThatRunsSlowerThanItsTrialMeasuredGivesWayToTheFasterOne) {
+  Choices c;
+  // The trial: lazy 1.0, at the call 2.0, one thread 3.0. Lazy is chosen.
+  auto trial = [](Way w) { return w == Way::Lazy ? 1.0 : w == Way::AtCall ? 2.0 : 3.0; };
+  run(c, 7, at_call::kHotRuns + 3 * (at_call::kTrialRuns + 1), trial);
+  ASSERT_EQ(c.report().at(0).way, "lazy");
+  // On its own the lazy way runs at 1.2 (within kDrift): it stays.
+  auto ways = run(c, 7, 2 * at_call::kSteadyRuns, [](Way w) { return w == Way::Lazy ? 1.2 : 9.0; });
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  EXPECT_EQ(c.report().at(0).medians_s, (std::vector<double>{1.0, 2.0, 3.0}));
+  // Then at 2.5: after a group of kSteadyRuns, the way at the call (2.0)
+  // runs instead, and 2.5 is the lazy way's measure.
+  ways = run(c, 7, at_call::kSteadyRuns, [](Way w) { return w == Way::Lazy ? 2.5 : 9.0; });
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  auto r = c.report().at(0);
+  EXPECT_EQ(r.way, "at the call");
+  EXPECT_EQ(r.state, "chosen");
+  EXPECT_EQ(r.medians_s, (std::vector<double>{2.5, 2.0, 3.0}));
+  EXPECT_NE(r.why.find("lazy then ran 2500000 us"), std::string::npos) << r.why;
+  // The way at the call drifts to 4.0: the lazy way's 2.5 is the fastest
+  // measure again. Then the lazy way runs at 3.5: one thread (3.0).
+  ways = run(c, 7, at_call::kSteadyRuns, [](Way w) { return w == Way::AtCall ? 4.0 : 9.0; });
+  EXPECT_EQ(count(ways, Way::AtCall), ways.size());
+  EXPECT_EQ(c.report().at(0).way, "lazy");
+  ways = run(c, 7, at_call::kSteadyRuns, [](Way w) { return w == Way::Lazy ? 3.5 : 9.0; });
+  EXPECT_EQ(count(ways, Way::Lazy), ways.size());
+  EXPECT_EQ(c.report().at(0).way, "at the call, one thread");
+  EXPECT_EQ(c.report().at(0).medians_s, (std::vector<double>{3.5, 4.0, 3.0}));
+  ways = run(c, 7, 3, [](Way) { return 3.0; });
+  EXPECT_EQ(count(ways, Way::AtCallOneThread), ways.size());
+}
+
+TEST(AtCallChoices, ADriftWithNoFasterWayKeepsTheChoice) {
+  Choices c(false);
+  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_slow);  // at the call 2.0, lazy 3.0
+  ASSERT_EQ(c.report().at(0).way, "at the call");
+  // At the call runs at 2.9: slower than measured, but still faster than
+  // the lazy way's 3.0 by the trial's margin.
+  auto ways = run(c, 7, at_call::kSteadyRuns, [](Way w) { return w == Way::AtCall ? 2.9 : 9.0; });
+  EXPECT_EQ(count(ways, Way::AtCall), ways.size());
+  EXPECT_EQ(c.report().at(0).way, "at the call");
+  EXPECT_EQ(c.report().at(0).medians_s, (std::vector<double>{3.0, 2.9}));
+  // At 3.2 the lazy way takes over.
+  run(c, 7, at_call::kSteadyRuns, [](Way w) { return w == Way::AtCall ? 3.2 : 9.0; });
+  EXPECT_EQ(c.report().at(0).way, "lazy");
+}
+
 TEST(AtCallChoices, NoTrialStartsWhileTrialsMayNotRun) {
   Choices c;
   auto ways = run(c, 7, 40, lazy_slow, /*may_try=*/false);
