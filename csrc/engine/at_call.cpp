@@ -42,9 +42,14 @@ Way Choices::begin(bool may_try) {
   if (e->state == State::Chosen && ++e->since >= e->retry && may_try) {
     e->state = State::Trial;
     e->trial = new_trial();
+    e->block = 0;
   }
   if (e->state == State::Trial && may_try) {
-    current_.trial_way = e->trial.turn();
+    // A way runs its cold run and its timed ones in a row: what a loop
+    // running it meets (switching ways has costs of its own, paid by the
+    // run after a switch, which is the cold one).
+    if (e->trial.timed(e->block)) e->block = e->trial.turn();
+    current_.trial_way = e->block;
     current_.timed = e->trial.call(current_.trial_way);
     current_.way = static_cast<Way>(current_.trial_way);
   } else {
@@ -72,6 +77,7 @@ void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
   if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
     e.state = State::Trial;
     e.trial = new_trial();
+    e.block = 0;
   } else if (e.state == State::Trial && e.trial.all_timed()) {
     decide(e);
   }

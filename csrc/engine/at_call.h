@@ -6,9 +6,9 @@
 // read (capture, a sync, tier 0 or 1 on the lanes); the ways at the call run
 // each op's CPU kernel from its call, as eager does (backend/eager.cpp's
 // eager path, no recording and no sync), with the caller's intra-op threads
-// or with one. A trace seen often enough is tried each way in turns
-// (ir::Trial, the lazy way the baseline) and runs the way that measured
-// fastest; the choice is tried again after a number of runs that doubles
+// or with one. A trace seen often enough is tried each way in turn, a cold
+// run and timed ones in a row (ir::Trial, the lazy way the baseline), and
+// runs the way that measured fastest; the choice is tried again after a number of runs that doubles
 // while it holds, and sooner where the chosen way's runs drift from what
 // its trial measured (kDrift). A trace is timed from its first op to the
 // end of its read. A trace is told at its first op by the trace that last
@@ -98,6 +98,7 @@ class Choices {
     bool decided = false;         // a trial has chosen (`way` is its choice)
     bool has_next = false;
     uint64_t next = 0;  // the trace that followed it last
+    size_t block = 0;            // the way whose runs of the trial go on
     std::vector<double> recent;  // times of the chosen way since its trial (the latest group)
     std::string drifted;         // what its runs measured, where they drifted (reported)
   };

@@ -65,6 +65,23 @@ TEST(AtCallChoices, AHotTraceThatLosesLazilyRunsAtTheCallTheFastestWay) {
   EXPECT_EQ(r[0].medians_s, (std::vector<double>{3.0, 2.0, 1.0}));
 }
 
+TEST(AtCallChoices, EachWayOfATrialRunsItsRunsInARow) {
+  Choices c;
+  run(c, 7, at_call::kHotRuns, lazy_slow);
+  auto ways = run(c, 7, 3 * (at_call::kTrialRuns + 1), lazy_slow);
+  std::vector<Way> expect;
+  for (Way w : {Way::Lazy, Way::AtCall, Way::AtCallOneThread}) expect.insert(expect.end(), at_call::kTrialRuns + 1, w);
+  EXPECT_EQ(ways, expect);
+  // The first run after a switch is the cold one, not timed: a switch that
+  // costs the run after it costs no way its place.
+  Choices d(false);
+  run(d, 7, at_call::kHotRuns, lazy_fast);
+  size_t k = 0;
+  ways = run(d, 7, 2 * (at_call::kTrialRuns + 1), [&](Way w) { return k++ % (at_call::kTrialRuns + 1) == 0 ? 50.0 : lazy_fast(w); });
+  EXPECT_EQ(d.report().at(0).medians_s, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(d.report().at(0).way, "lazy");
+}
+
 TEST(AtCallChoices, ATraceThatWinsLazilyStaysLazy) {
   Choices c(/*one_thread_way=*/false);
   run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_fast);
