@@ -32,3 +32,40 @@ def test_storages_dying_on_other_threads():
 @pytest.mark.parametrize("async_ops", ["0", "16"])
 def test_random_stress_of_every_public_function(async_ops):
     run("stress", 5, 4, TORCH_MGPU_ASYNC_OPS=async_ops)
+
+
+_TEAMS = r"""
+import collections, os, torch, torch_mgpu
+torch.set_num_threads(2)
+torch_mgpu.configure(compile=2)
+torch_mgpu.set_async_ops(3)
+g = torch.Generator().manual_seed(5)
+w = torch.randn(384, 384, generator=g) / 20
+x = torch.randn(384, 384, generator=g)
+mw, mx = w.to("mgpu"), x.to("mgpu")
+for i in range(8):
+    y, e = mx, x
+    for k in range(6):  # a chain: one lane, the caller's two threads, in flights
+        y, e = (y @ mw).tanh(), (e @ w).tanh()
+    assert torch.allclose(y.cpu(), e, atol=1e-4)
+    torch_mgpu.wait_for_compiles(300)
+s = torch_mgpu.stats()
+assert s["background_flushes"] > 0 and s["tier1_compiled"] > 0, s
+names = collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print("ok", dict(names))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an OpenMP team needs two cores")
+def test_mgpu_threads_keep_no_openmp_team_after_their_work():
+    """A thread's OpenMP team workers are its own threads and inherit its
+    name: after flights ran a chain with two intra-op threads and tier 1
+    compiled it, the background worker is alone (libgomp counts every team's threads, and while they outnumber the
+    cores every multithreaded kernel of the process pays for waking its
+    team)."""
+    out = subprocess.run([sys.executable, "-c", _TEAMS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.startswith("ok"), out.stdout
+    names = eval(out.stdout.split(" ", 1)[1])
+    assert names.get("mgpu-flights") == 1, names
+    assert names.get("mgpu-lane", 0) <= 1, names  # the lane workers of 2 cores: one

@@ -11,6 +11,7 @@
 #include <ATen/record_function.h>
 
 #include <cxxabi.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -64,6 +65,7 @@ class Worker {
     });
   }
   void loop() {
+    pthread_setname_np(pthread_self(), "mgpu-flights");  // as `top -H`, perf and gdb show it
     uint64_t seen = 0;
     while (true) {
       // Spin briefly before sleeping: flights come in quick succession.
@@ -84,6 +86,7 @@ class Worker {
         // false): the nodes stay pending, and the next sync plans them again
         // in the foreground and raises there.
       }
+      runtime::release_thread_team();  // its kernels' team: the calling thread's owns the cores
       e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
       {
         std::lock_guard<std::mutex> lock(m_);

@@ -1,12 +1,14 @@
 // Hot graphs as Python data for the compile thread (torch_mgpu/_tiers/compile.py),
 // and its compiled functions back to the engine.
 #include "python/tiers.h"
+#include "runtime/lanes.h"
 
 #include "engine/at_call.h"
 #include "engine/replays.h"
 #include "engine/tiers.h"
 
 #include <pybind11/stl.h>
+#include <pthread.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -15,6 +17,17 @@
 namespace py = pybind11;
 
 namespace torch_mgpu::python {
+
+namespace {
+thread_local bool compile_thread = false;  // this thread serves compile requests (_tier_next_request)
+
+// A compile ended on the compile thread: inductor ran kernels while it
+// compiled, and they may have made an OpenMP team there. It lets it go
+// before the compiled code is installed (runtime::release_thread_team).
+void compile_done() {
+  if (compile_thread) runtime::release_thread_team();
+}
+} // namespace
 namespace {
 
 py::tuple geometry(const ir::TensorGeometry& g) {
@@ -160,6 +173,10 @@ void bind_tiers(py::module& m) {
     std::shared_ptr<const engine::CompileRequest> req;
     {
       py::gil_scoped_release nogil;
+      if (!compile_thread) {
+        compile_thread = true;
+        pthread_setname_np(pthread_self(), "mgpu-compile");  // as `top -H`, perf and gdb show it
+      }
       req = engine::next_compile_request();
     }
     if (!req) return py::object(py::none());
@@ -190,9 +207,13 @@ void bind_tiers(py::module& m) {
       compiled.push_back(std::move(c));
     }
     py::gil_scoped_release nogil;
+    compile_done();
     engine::install_compiled(key, std::move(compiled));
   });
-  m.def("_tier_reject", &engine::reject_compiled, nogil());
+  m.def("_tier_reject", [](uint64_t key, const std::string& why) {
+    compile_done();
+    engine::reject_compiled(key, why);
+  }, nogil());
   m.def("_tier_last_error", &engine::last_tier_error, nogil());
 }
 

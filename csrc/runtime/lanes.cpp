@@ -15,6 +15,7 @@ extern "C" {
 void omp_set_num_threads(int) __attribute__((weak));
 int omp_get_max_threads() __attribute__((weak));
 int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C entry (lower case is Fortran, by pointer)
+int omp_pause_resource_all(int kind) __attribute__((weak));  // OpenMP 5.0; kind 1: omp_pause_soft
 }
 
 namespace torch_mgpu::runtime {
@@ -37,6 +38,10 @@ bool in_bad_fork() { return g_forked_child.load() && g_threads_started.load(); }
 void set_thread_parallelism(int threads) {
   if (omp_set_num_threads) omp_set_num_threads(threads);
   if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(threads);
+}
+
+void release_thread_team() {
+  if (omp_pause_resource_all) omp_pause_resource_all(/*omp_pause_soft=*/1);
 }
 
 int thread_parallelism() { return omp_get_max_threads ? omp_get_max_threads() : at::get_num_threads(); }
@@ -68,6 +73,7 @@ LanePool::~LanePool() {
 // Each thread is handed its own Worker: the vector of workers may grow
 // (and move its elements' pointers) while the thread starts.
 void LanePool::loop(Worker& w) {
+  pthread_setname_np(pthread_self(), "mgpu-lane");  // as `top -H`, perf and gdb show it
   int applied = -1;
   while (true) {
     // Spin a little for the next job, then sleep.
@@ -83,6 +89,7 @@ void LanePool::loop(Worker& w) {
       applied = threads;
     }
     (*w.job)();
+    release_thread_team();  // a node on more threads than the lane's made a team here
     if (pending_.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(m_);
       done_cv_.notify_all();
