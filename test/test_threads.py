@@ -51,8 +51,13 @@ for i in range(8):
     torch_mgpu.wait_for_compiles(300)
 s = torch_mgpu.stats()
 assert s["background_flushes"] > 0 and s["tier1_compiled"] > 0, s
-names = collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
-print("ok", dict(names))
+def names():
+    return collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+import time
+end = time.time() + 10  # the worker lets go of its team once idle (after its spin)
+while names().get("mgpu-flights", 0) != 1 and time.time() < end:
+    time.sleep(0.05)
+print("ok", dict(names()))
 """
 
 
@@ -60,7 +65,7 @@ print("ok", dict(names))
 def test_mgpu_threads_keep_no_openmp_team_after_their_work():
     """A thread's OpenMP team workers are its own threads and inherit its
     name: after flights ran a chain with two intra-op threads and tier 1
-    compiled it, the background worker is alone (libgomp counts every team's threads, and while they outnumber the
+    compiled it, the idle background worker is alone (libgomp counts every team's threads, and while they outnumber the
     cores every multithreaded kernel of the process pays for waking its
     team)."""
     out = subprocess.run([sys.executable, "-c", _TEAMS], capture_output=True, text=True, timeout=300)

@@ -73,7 +73,10 @@ void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
   ++e.runs;
   if (e.state == State::Trial && ran.predicted && ran.trace == trace && ran.timed)
     e.trial.record(ran.trial_way, seconds);
-  if (e.state == State::Chosen && ran.predicted && ran.trace == trace && ran.way == e.way) steady(e, seconds);
+  if (e.state == State::Chosen && ran.predicted && ran.trace == trace && ran.way == e.way) {
+    if (may_try) steady(e, seconds);
+    else e.recent.clear();  // tier 1 compiles: no measure of the way alone
+  }
   if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
     e.state = State::Trial;
     e.trial = new_trial();

@@ -9,8 +9,8 @@
 // or with one. A trace seen often enough is tried each way in turn, a cold
 // run and timed ones in a row (ir::Trial, the lazy way the baseline), and
 // runs the way that measured fastest; the choice is tried again after a number of runs that doubles
-// while it holds, and sooner where the chosen way's runs drift from what
-// its trial measured (kDrift). A trace is timed from its first op to the
+// while it holds; between trials the choice is made again where the chosen
+// way's runs drift from what its trial measured (kDrift). A trace is timed from its first op to the
 // end of its read. A trace is told at its first op by the trace that last
 // followed the one before it: a loop's traces come in the same order.
 // Only host lanes run ops at the call (CUDA lanes keep their values on the
@@ -49,8 +49,7 @@ constexpr size_t kMaxRetry = 4096;
 // again over the measures: five runs of each way on a loaded machine may
 // mislead (a 103-op training step chose its lazy way in one process of
 // six, then ran 5.2-8.2 ms a step against 2.9-4.5 at the call with one
-// thread), a way may run otherwise on its own than between the others'
-// runs, and the machine may change.
+// thread), and the machine may change. Not while tier 1 compiles.
 constexpr size_t kSteadyRuns = 8;
 constexpr double kDrift = 1.25;
 

@@ -69,7 +69,9 @@ class Worker {
     uint64_t seen = 0;
     while (true) {
       // Spin briefly before sleeping: flights come in quick succession.
-      runtime::spin_while([&] { return ticket_.load() == seen; }, spin_ns_);
+      // Idle, it lets go of the team its kernels made (the calling thread's
+      // owns the cores; runtime/lanes.h).
+      if (!runtime::spin_while([&] { return ticket_.load() == seen; }, spin_ns_)) runtime::release_thread_team();
       std::shared_ptr<Execution> e;
       {
         std::unique_lock<std::mutex> lock(m_);
@@ -86,7 +88,6 @@ class Worker {
         // false): the nodes stay pending, and the next sync plans them again
         // in the foreground and raises there.
       }
-      runtime::release_thread_team();  // its kernels' team: the calling thread's owns the cores
       e.reset();  // the waiting thread frees the graph (its nodes were allocated there)
       {
         std::lock_guard<std::mutex> lock(m_);

@@ -78,6 +78,7 @@ void LanePool::loop(Worker& w) {
   while (true) {
     // Spin a little for the next job, then sleep.
     if (!spin_while([&] { return w.ticket.load(std::memory_order_acquire) == w.seen && !stop_; }, spin_ns_)) {
+      release_thread_team();  // idle: a team its lane's threads (or a node's) made goes
       std::unique_lock<std::mutex> lock(m_);
       cv_.wait(lock, [&] { return stop_ || w.ticket.load(std::memory_order_acquire) != w.seen; });
     }
@@ -89,7 +90,6 @@ void LanePool::loop(Worker& w) {
       applied = threads;
     }
     (*w.job)();
-    release_thread_team();  // a node on more threads than the lane's made a team here
     if (pending_.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(m_);
       done_cv_.notify_all();

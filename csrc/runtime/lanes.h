@@ -91,16 +91,16 @@ void note_threads_started();
 void set_thread_parallelism(int threads);
 int thread_parallelism();
 
-// Sets this thread's intra-op parallelism for a scope.
 // This thread lets go of its OpenMP team, if it made one (libgomp's
-// omp_pause_resource_all; a no-op without it). For mgpu's own threads after
-// their work: libgomp counts every pooled team thread of the process, and
+// omp_pause_resource_all; a no-op without it). For mgpu's own threads when
+// they go idle: libgomp counts every pooled team thread of the process, and
 // while they outnumber the cores its waiting threads spin only briefly
 // before they sleep, so every later multithreaded kernel of the process, on
 // any thread, pays for waking its team (2x on a training step: see
-// docs/EXECUTION.md, "OpenMP teams"). The calling thread's team stays.
+// docs/EXECUTION.md, "OpenMP teams"). The program's threads keep theirs.
 void release_thread_team();
 
+// Sets this thread's intra-op parallelism for a scope.
 struct ScopedParallelism {
   explicit ScopedParallelism(int threads) : saved_(thread_parallelism()) { set_thread_parallelism(threads); }
   ~ScopedParallelism() { set_thread_parallelism(saved_); }
