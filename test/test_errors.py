@@ -1,8 +1,8 @@
 """Failures: errors at the call as eager raises them; a failure during
 execution surfaces at the sync point and leaves every tensor usable."""
-import threading
 
 import pytest
+from conftest import run_in_threads
 import torch
 
 import torch_mgpu
@@ -40,26 +40,17 @@ def test_failed_inplace_leaves_tensor_as_before():
 
 def capture_in_threads(n_threads, steps, size, scale=1.0):
     """Each thread records its own chain on mgpu and checks it against eager."""
-    errors = []
 
     def work(seed):
-        try:
-            g = torch.Generator().manual_seed(seed)
-            a = torch.randn(size, size, generator=g)
-            x = a.to("mgpu")
-            for _ in range(steps):
-                x = torch.tanh(x @ x.t() * scale) + 0.5
-                a = torch.tanh(a @ a.t() * scale) + 0.5
-            torch.testing.assert_close(x.cpu(), a)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(size, size, generator=g)
+        x = a.to("mgpu")
+        for _ in range(steps):
+            x = torch.tanh(x @ x.t() * scale) + 0.5
+            a = torch.tanh(a @ a.t() * scale) + 0.5
+        torch.testing.assert_close(x.cpu(), a)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, n_threads)
 
 
 def test_threads_capture_at_once():
