@@ -43,8 +43,13 @@ Way Choices::begin(bool may_try) {
     e->state = State::Trial;
     e->trial = new_trial();
     e->block = 0;
+    e->unsettled_runs = 0;
   }
-  if (e->state == State::Trial && may_try) {
+  if (e->state == State::Trial && may_try && e->block == 0 && !e->settled && e->unsettled_runs < kMaxUnsettledRuns) {
+    // Tier 1 is deciding about the lazy way's graphs: they run on, untimed,
+    // until their way is settled.
+    current_.way = Way::Lazy;
+  } else if (e->state == State::Trial && may_try) {
     // A way runs its cold run and its timed ones in a row: what a loop
     // running it meets (switching ways has costs of its own, paid by the
     // run after a switch, which is the cold one).
@@ -58,7 +63,7 @@ Way Choices::begin(bool may_try) {
   return current_.way;
 }
 
-void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
+void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try, bool settled) {
   const Current ran = current_;
   current_ = Current{};
   if (has_last_)
@@ -71,16 +76,26 @@ void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try) {
   Entry& e = entries_.get(trace);
   e.ops = ops;
   ++e.runs;
-  if (e.state == State::Trial && ran.predicted && ran.trace == trace && ran.timed)
+  // A lazy run while tier 1 decides about its graphs is no measure of the
+  // lazy way (nor is any run while tier 1 compiles).
+  // (A graph tier 1 never settles is measured after kMaxUnsettledRuns.)
+  if (ran.way == Way::Lazy) {
+    e.settled = settled;
+    if (!settled && e.unsettled_runs < kMaxUnsettledRuns) ++e.unsettled_runs;
+  }
+  const bool measure =
+      may_try && (ran.way != Way::Lazy || settled || e.unsettled_runs >= kMaxUnsettledRuns);
+  if (e.state == State::Trial && ran.predicted && ran.trace == trace && ran.timed && measure)
     e.trial.record(ran.trial_way, seconds);
   if (e.state == State::Chosen && ran.predicted && ran.trace == trace && ran.way == e.way) {
-    if (may_try) steady(e, seconds);
-    else e.recent.clear();  // tier 1 compiles: no measure of the way alone
+    if (measure) steady(e, seconds);
+    else e.recent.clear();
   }
   if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
     e.state = State::Trial;
     e.trial = new_trial();
     e.block = 0;
+    e.unsettled_runs = 0;
   } else if (e.state == State::Trial && e.trial.all_timed()) {
     decide(e);
   }
@@ -167,6 +182,7 @@ struct Tracer {
   Way way = Way::Lazy;
   bool begun = false;    // the choices told this trace's way (auto, host lanes)
   clock::time_point since;  // the trace's first op
+  uint64_t unsettled = 0;   // tier 1's unsettled runs at its first op
 };
 
 Tracer& tracer() {
@@ -251,6 +267,7 @@ Way on_call(const void* op, c10::ArrayRef<c10::IValue> args) {
   auto& t = tracer();
   if (t.ops == 0) {
     t.since = clock::now();
+    t.unsettled = unsettled_runs();
     t.hash = kHashSeed;
     t.begun = false;
     if (t.mode == "off" || !host_lanes()) {
@@ -281,7 +298,7 @@ ProgramRead::~ProgramRead() {
     if (t.ops > 0) {
       const double seconds = std::chrono::duration<double>(now - t.since).count();
       if (t.way != Way::Lazy) runtime::counters().at_call_traces++;
-      if (t.begun) t.choices.end(t.hash, t.ops, seconds, may_try());
+      if (t.begun) t.choices.end(t.hash, t.ops, seconds, may_try(), unsettled_runs() == t.unsettled);
       t.ops = 0;
       t.way = Way::Lazy;
       t.begun = false;

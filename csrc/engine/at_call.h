@@ -52,6 +52,12 @@ constexpr size_t kMaxRetry = 4096;
 // thread), and the machine may change. Not while tier 1 compiles.
 constexpr size_t kSteadyRuns = 8;
 constexpr double kDrift = 1.25;
+// The lazy way's runs are no measure while tier 1 is deciding about the
+// trace's graph (its compile queued, its trial taking turns with tier 0):
+// the lazy block of a trial runs on untimed until tier 1 settled, and the
+// chosen lazy way's drift is not measured; after this many such runs of a
+// trial and since, they are measured all the same.
+constexpr size_t kMaxUnsettledRuns = 48;
 
 // What the choice of one trace holds, as stats report it.
 struct TraceReport {
@@ -75,8 +81,10 @@ class Choices {
   // come). `may_try`: whether a trial may start or go on now.
   Way begin(bool may_try);
   // The trace that began ended: `trace` its hash, `ops` its op count,
-  // `seconds` from its first op to the end of its read.
-  void end(uint64_t trace, size_t ops, double seconds, bool may_try);
+  // `seconds` from its first op to the end of its read. `settled`: where it
+  // ran the lazy way, whether tier 1 is done deciding about its graphs
+  // (else the run is no measure of the lazy way).
+  void end(uint64_t trace, size_t ops, double seconds, bool may_try, bool settled = true);
   // Forgets every trace (the lanes changed).
   void clear();
   std::vector<TraceReport> report() const;
@@ -100,6 +108,8 @@ class Choices {
     size_t block = 0;            // the way whose runs of the trial go on
     std::vector<double> recent;  // times of the chosen way since its trial (the latest group)
     std::string drifted;         // what its runs measured, where they drifted (reported)
+    bool settled = true;         // tier 1 was done with its graphs at its last lazy run
+    size_t unsettled_runs = 0;   // lazy runs since its trial began while tier 1 was not (up to kMaxUnsettledRuns)
   };
   ir::Trial new_trial() const;
   void decide(Entry& e);

@@ -142,6 +142,15 @@ Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const Compi
 } // namespace
 
 int compile_hits() { return hits_slot().load(); }
+
+namespace {
+std::atomic<uint64_t>& unsettled_slot() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+} // namespace
+
+uint64_t unsettled_runs() { return unsettled_slot().load(std::memory_order_relaxed); }
 void set_compile_trial(bool on) { trial_slot() = on; }
 bool compile_trial() { return trial_slot(); }
 void set_compile_hits(int hits) {
@@ -436,6 +445,19 @@ void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double
   const uint64_t key = run.key ? run.key : key_of(g, l);
   std::vector<std::shared_ptr<const CompiledGraph>> dropped;  // let go of after the lock
   std::unique_lock<std::mutex> lock(t.m);
+  // Whether tier 1 is still deciding about the graph once this run is
+  // counted: about to be queued, queued or compiling, or on trial.
+  struct Settle {
+    Tiers& t;
+    uint64_t key;
+    std::unique_lock<std::mutex>& lock;
+    ~Settle() {
+      if (!lock.owns_lock()) return;
+      const Entry* e = t.entries.peek(key);
+      if (e && (e->state == State::Queued || e->state == State::Trial || (e->state == State::Cold && t.compiler)))
+        unsettled_slot().fetch_add(1, std::memory_order_relaxed);
+    }
+  } settle{t, key, lock};
   Entry& e = entry_for(t, key, dropped);
   if (run.compiled && e.state == State::Kept) {
     if (!trial_slot()) return;  // kept without trials: kept as it is

@@ -160,5 +160,10 @@ std::optional<runtime::ExecResult> run_tier1(const ir::Graph& g, const Lanes& l,
 // After a run: counts tier-0 hits (queues a hot graph for compiling), and
 // keeps or drops a compiled graph on trial by the seconds measured.
 void observe_tier(const ir::Graph& g, const Lanes& l, const TierRun& run, double seconds, bool failed);
+// Runs observe_tier counted whose graph tier 1 was still deciding about
+// (cold with a compiler present, queued, compiling or on trial), so far: a
+// run of a program's graphs that leaves it unchanged ran the way it will
+// keep running.
+uint64_t unsettled_runs();
 
 } // namespace torch_mgpu::engine

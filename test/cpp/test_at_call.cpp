@@ -199,6 +199,39 @@ TEST(AtCallChoices, NoTrialStartsWhileTrialsMayNotRun) {
   EXPECT_EQ(c.report().at(0).state, "watched");
 }
 
+TEST(AtCallChoices, TheLazyWayIsTimedOnceTierOneSettledItsGraphs) {
+  // Tier 1 decides about the lazy way's graph for 12 runs (compile, then
+  // its trial in turns with tier 0: 3.0 a run), then keeps compiled code
+  // (1.0 a run). The way at the call runs at 2.0.
+  Choices c(false);
+  size_t lazy_runs = 0;
+  auto step = [&] {
+    const Way w = c.begin(true);
+    const bool settled = w != Way::Lazy || lazy_runs >= 12;
+    const double s = w == Way::Lazy ? (settled ? 1.0 : 3.0) : 2.0;
+    if (w == Way::Lazy) ++lazy_runs;
+    c.end(7, 10, s, true, settled);
+    return w;
+  };
+  std::vector<Way> ways;
+  for (size_t i = 0; i < at_call::kHotRuns + 12 + 2 * (at_call::kTrialRuns + 1); ++i) ways.push_back(step());
+  auto r = c.report().at(0);
+  EXPECT_EQ(r.way, "lazy") << r.why;
+  EXPECT_EQ(r.medians_s, (std::vector<double>{1.0, 2.0}));
+  // The trial's lazy runs waited for tier 1 (untimed), then ran in a row.
+  EXPECT_EQ(count(ways, Way::AtCall), at_call::kTrialRuns + 1);
+  // A graph tier 1 never settles: the lazy way is timed after
+  // kMaxUnsettledRuns runs of the trial all the same.
+  Choices d(false);
+  run(d, 8, at_call::kHotRuns, lazy_slow);
+  for (size_t i = 0; i < at_call::kMaxUnsettledRuns + 2 * (at_call::kTrialRuns + 1); ++i) {
+    const Way w = d.begin(true);
+    d.end(8, 10, lazy_slow(w), true, /*settled=*/w != Way::Lazy);
+  }
+  EXPECT_EQ(d.report().at(0).state, "chosen");
+  EXPECT_EQ(d.report().at(0).way, "at the call");
+}
+
 // LibTorch with no Python: with at_call "on", ops run at their calls (no
 // pending op after each), with eager's values, in-place writes and views.
 TEST(AtCall, OpsOfALibTorchProgramRunAtTheirCalls) {
