@@ -70,3 +70,27 @@ def test_cache_size_is_bounded_by_the_environment():
     assert cached <= 1 << 20
     hits, cached = map(int, run_child(CHILD).split())
     assert hits > 0 and cached > 0
+
+
+def test_ops_run_at_their_call_reuse_blocks_too():
+    """At the call, a kernel's large output comes from the cache as on the
+    lanes (a training step at the call page-faulted on fresh memory each
+    step where glibc had returned it)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 512, generator=g)
+    xm = x.to("mgpu")
+    torch_mgpu.synchronize()
+    want = big_graph(x)
+    saved = torch_mgpu._C._at_call()
+    torch_mgpu.configure(at_call="on")
+    try:
+        torch.testing.assert_close(big_graph(xm).cpu(), want)
+        s0 = torch_mgpu.stats()
+        for _ in range(3):
+            torch.testing.assert_close(big_graph(xm).cpu(), want)
+        s1 = torch_mgpu.stats()
+        assert s1["at_call_ops"] > s0["at_call_ops"]
+        assert s1["host_cache_hits"] - s0["host_cache_hits"] >= 3
+    finally:
+        torch_mgpu.synchronize()
+        torch_mgpu._C._set_at_call(saved)

@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
+#include "runtime/host_cache.h"
 #include "runtime/run_node.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -133,6 +134,8 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     std::optional<runtime::ScopedParallelism> threads;
     if (one_thread) threads.emplace(1);
+    // Large outputs reuse freed blocks, as on the lanes (runtime/host_cache.h).
+    runtime::HostCacheScope host_memory;
     try {
       if (seed) ir::call_with_own_generator(op, s, c10::Device(c10::kCPU), *seed);
       else op.callBoxed(&s);
