@@ -8,7 +8,7 @@
 //
 // It is the process's CPU allocator (c10::SetCPUAllocator) but serves from
 // the cache only on threads inside a HostCacheScope (lanes executing a
-// plan) and only blocks of 128 KiB and more; every other allocation goes to
+// plan, an op running at its call) and only blocks of 128 KiB and more; every other allocation goes to
 // PyTorch's default allocator unchanged, so eager code is not affected.
 // Freed cached blocks are kept up to TORCH_MGPU_HOST_CACHE_MB (default
 // 1024; 0 turns the cache off); torch_mgpu.empty_cache() releases them.
