@@ -1476,6 +1476,41 @@ def test_a_cat_read_through_a_view_after_it_is_written_in_compiled_code(tiered, 
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
 
 
+def test_only_a_cat_read_in_the_graph_is_compiled_as_a_loop_of_its_own(tiered, no_trial, monkeypatch):
+    # A cat only returned keeps inductor's way (its inputs' producers write
+    # into its buffer): as a loop of its own, a stack of many columns
+    # computed every column's chain again for each element (the features
+    # benchmark, 6x slower). A cat read in the graph stays a loop of its own
+    # (the test above).
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch._inductor import config as inductor_config
+
+    seen = []
+    real = compile_fx_module.compile_fx
+
+    def spy(*args, **kwargs):
+        seen.append(inductor_config.force_pointwise_cat)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", spy)
+    g = torch.Generator().manual_seed(726)
+    cols = [torch.randn(40, generator=g) * (1 + j) for j in range(5)]
+
+    def returned(*cols):
+        return torch.stack([(c - c.mean()).tanh() * 2 for c in cols], 1)
+
+    def read(*cols):
+        c = torch.cat([(c - c.mean()).tanh() for c in cols])
+        return c.view(5, 40).sum(0) * 2
+
+    for f, forced in ((returned, False), (read, True)):
+        seen.clear()
+        tiers = run_hot(f, cols)
+        assert tiers == [0, 0, 1, 1], (f.__name__, tiers, torch_mgpu._C._tier_last_error())
+        # The whole graph, and its parts where it has branches on two lanes.
+        assert seen and seen[0] is forced, (f.__name__, seen)
+
+
 def with_infinities(t, seed):
     t = t.clone()
     g = torch.Generator().manual_seed(seed)

@@ -35,6 +35,14 @@ def _flat_dtypes(req):
     return [d if d is not None else torch.uint8 for d in dtypes]
 
 
+def _cat_read_in_graph(gm):
+    """Whether the result of a cat in the traced graph is read by another of
+    its nodes (not only returned)."""
+    cat = torch.ops.aten.cat
+    return any(n.op == "call_function" and getattr(n.target, "overloadpacket", None) is cat
+               and any(u.op != "output" for u in n.users) for n in gm.graph.nodes)
+
+
 def loop_threads():
     """OpenMP threads of a compiled graph's loops: the cores each lane has.
     The lanes are the parallelism; loops on two threads that share two
@@ -70,13 +78,16 @@ def compile_request(req):
         # Tier 0's numbers: a half or bfloat16 result is rounded to its
         # dtype between fused ops, as eager does (inductor keeps float32
         # across them, and a floor or a comparison then differs by a whole
-        # unit). A cat is a loop of its own, not its inputs' producers
-        # writing into views of its buffer: a reader of that buffer through
-        # the replay's as_strided view was fused into the same kernel before
-        # those writes (difffuzz seed 3968789: a stack's gradient read
-        # uninitialized bytes).
+        # unit). A cat read in the graph is a loop of its own, not its
+        # inputs' producers writing into views of its buffer: a reader of
+        # that buffer through the replay's as_strided view was fused into
+        # the same kernel before those writes (difffuzz seed 3968789: a
+        # stack's gradient read uninitialized bytes). A cat only returned
+        # keeps inductor's way: as a loop of its own, the stack of 64
+        # feature columns computed every column's chain again for each
+        # element (10 ms a call against 1.5).
         patches = {"cpp.threads": _cpu_threads(req["lanes"]) if split else loop_threads(),
-                   "emulate_precision_casts": True, "force_pointwise_cat": True}
+                   "emulate_precision_casts": True, "force_pointwise_cat": _cat_read_in_graph(gm)}
         # No autotuning, whatever the environment asks of inductor: it
         # benchmarks kernels over random inputs, drawn from the default
         # generators the program draws from (see _generators_left_alone).
