@@ -409,22 +409,42 @@ def _nll_loss_formula(node):
     return _WholeCall(functools.partial(_eager_nll_loss, _op(node["op"], node["overload"]), names), names)
 
 
-def _eager_gelu(names, *vals):
+@functools.lru_cache(maxsize=None)
+def _eager_gelu_of_infinities(dtype):
+    """(gelu(+inf), gelu(-inf)) as eager's CPU kernel computes them in a
+    contiguous tensor of two or more elements (its vectorized path): they
+    differ with the CPU's vector instructions (NaN for +inf with AVX-512,
+    +inf with AVX2, as the formula inductor compiles gives)."""
+    inf = float("inf")
+    out = torch.nn.functional.gelu(torch.tensor([inf, -inf], dtype=dtype))
+    return out[0].item(), out[1].item()
+
+
+def _same_number(a, b):
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _eager_gelu(names, at_infinities, *vals):
     """gelu (the erf form) as eager's CPU kernel computes it on a
-    contiguous float32 or bfloat16 tensor of two or more elements (its
-    oneDNN path): NaN for +inf, where the formula inductor compiles gives
-    +inf (difffuzz seed 3936822). Out of place, so that +inf is read from
-    the input before an in-place gelu_ writes it."""
+    contiguous float32 or bfloat16 tensor of two or more elements: its
+    values at +inf and -inf (`at_infinities`), where they are not the
+    formula's (difffuzz seed 3936822: NaN for +inf on an AVX-512 CPU). Out
+    of place, so that an infinity is read from the input before an
+    in-place gelu_ writes it."""
     a = dict(zip(names, vals))
     x = a["self"]
     out = torch.ops.aten.gelu.default(x, approximate="none")
-    return torch.where(x == float("inf"), torch.full_like(out, float("nan")), out)
+    at_pos, at_neg = at_infinities
+    out = torch.where(x == float("inf"), torch.full_like(out, at_pos), out)
+    return torch.where(x == -float("inf"), torch.full_like(out, at_neg), out)
 
 
 def _gelu_formula(node):
     """For gelu and gelu_ (the erf form) where eager's kernel takes its
-    oneDNN path: _eager_gelu. Its scalar path (one element, a strided
-    tensor, half precision, float64) gives +inf, as inductor's code does."""
+    vectorized path and gives other values at the infinities than the
+    formula inductor compiles (+inf, NaN): _eager_gelu. Its scalar path
+    (one element, a strided tensor, half precision, float64) gives the
+    formula's."""
     names = [a.name for a in node["args"]]
     if node["op"] not in ("aten::gelu", "aten::gelu_") or "out" in names:
         return None
@@ -438,7 +458,10 @@ def _gelu_formula(node):
     geom = x.value.geom
     if math.prod(geom.sizes) < 2 or not is_contiguous(geom.sizes, geom.strides):
         return None
-    return _WholeCall(functools.partial(_eager_gelu, names), names)
+    at_infinities = _eager_gelu_of_infinities(geom.dtype)
+    if _same_number(at_infinities[0], float("inf")) and math.isnan(at_infinities[1]):
+        return None
+    return _WholeCall(functools.partial(_eager_gelu, names, at_infinities), names)
 
 
 # Linear, bilinear and bicubic upsampling as their kernels compute them.
