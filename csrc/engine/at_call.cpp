@@ -126,10 +126,7 @@ void Choices::steady(Entry& e, double seconds) {
   e.medians[chosen] = ran;
   e.drifted = std::string(way_name(e.way)) + " then ran " + std::to_string(static_cast<int64_t>(ran * 1e6)) +
       " us (median of " + std::to_string(kSteadyRuns) + ")";
-  size_t best = 0;
-  for (size_t w = 1; w < e.medians.size(); ++w)
-    if (e.medians[w] > 0 && (best == 0 || e.medians[w] < e.medians[best])) best = w;
-  if (best != 0 && !(e.medians[best] * ir::margin::kAtCall < e.medians[0])) best = 0;
+  const size_t best = ir::choose_by_medians(e.medians, ir::margin::kAtCall);
   if (best == chosen) return;
   e.way = static_cast<Way>(best);
   e.since = 0;

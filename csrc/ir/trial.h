@@ -34,6 +34,16 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The rule over medians (index 0 the baseline's; 0 or less: not measured):
+// the fastest challenger where its median beats the baseline's by `margin`,
+// else 0.
+inline size_t choose_by_medians(const std::vector<double>& medians, double margin) {
+  size_t best = 0;
+  for (size_t j = 1; j < medians.size(); ++j)
+    if (medians[j] > 0 && (best == 0 || medians[j] < medians[best])) best = j;
+  return best != 0 && medians[best] * margin < medians[0] ? best : 0;
+}
+
 class Trial {
  public:
   Trial() = default;
@@ -92,8 +102,11 @@ class Trial {
   // The choice among the challengers in `over` (the baseline timed): the
   // fastest by median where it beats the baseline's by the margin, else 0.
   size_t choose(const std::vector<size_t>& over) const {
-    size_t best = fastest(over);
-    return best != 0 && median_of(best) * margin_ < median_of(0) ? best : 0;
+    std::vector<double> medians(size(), 0.0);
+    medians[0] = median_of(0);
+    for (size_t j : over)
+      if (j != 0) medians[j] = median_of(j);
+    return choose_by_medians(medians, margin_);
   }
   size_t choose() const {
     std::vector<size_t> all;

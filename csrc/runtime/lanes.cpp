@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <chrono>
@@ -41,7 +42,12 @@ void set_thread_parallelism(int threads) {
 }
 
 void release_thread_team() {
-  if (omp_pause_resource_all) omp_pause_resource_all(/*omp_pause_soft=*/1);
+  // libgomp's pause frees the calling thread's team only; LLVM's and
+  // Intel's runtimes (which export __kmpc_*) pause the whole process's,
+  // under the program's own threads: there it is left alone.
+  static const bool own_team_only =
+      omp_pause_resource_all != nullptr && dlsym(RTLD_DEFAULT, "__kmpc_fork_call") == nullptr;
+  if (own_team_only) omp_pause_resource_all(/*omp_pause_soft=*/1);
 }
 
 int thread_parallelism() { return omp_get_max_threads ? omp_get_max_threads() : at::get_num_threads(); }

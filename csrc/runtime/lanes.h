@@ -92,7 +92,8 @@ void set_thread_parallelism(int threads);
 int thread_parallelism();
 
 // This thread lets go of its OpenMP team, if it made one (libgomp's
-// omp_pause_resource_all; a no-op without it). For mgpu's own threads when
+// omp_pause_resource_all; a no-op without it, and with LLVM's or Intel's
+// runtime, whose pause is the whole process's). For mgpu's own threads when
 // they go idle: libgomp counts every pooled team thread of the process, and
 // while they outnumber the cores its waiting threads spin only briefly
 // before they sleep, so every later multithreaded kernel of the process, on
