@@ -416,9 +416,10 @@ void finish_trial(Tiers& t, Entry& e, std::vector<std::shared_ptr<const Compiled
     return;
   }
   // Every way timed (or those that could be): the fastest against tier 0.
-  const size_t best = e.times.fastest(timed);
+  const size_t chosen = e.times.choose(timed);
+  const bool faster = chosen != 0;
+  const size_t best = faster ? chosen : e.times.fastest(timed);
   const double best_s = e.times.median_of(best), tier0_s = e.times.median_of(0);
-  const bool faster = e.times.choose(timed) != 0;
   e.state = faster ? State::Kept : State::Rejected;
   e.kept_median = best_s;
   if (faster) {

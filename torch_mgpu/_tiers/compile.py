@@ -37,10 +37,12 @@ def _flat_dtypes(req):
 
 def _cat_read_in_graph(gm):
     """Whether the result of a cat in the traced graph is read by another of
-    its nodes (not only returned)."""
+    its nodes (not only returned). A cat into an `out=` tensor counts as
+    read: its buffer's other views are read, not the node."""
     cat = torch.ops.aten.cat
     return any(n.op == "call_function" and getattr(n.target, "overloadpacket", None) is cat
-               and any(u.op != "output" for u in n.users) for n in gm.graph.nodes)
+               and (n.target is not cat.default or any(u.op != "output" for u in n.users))
+               for n in gm.graph.nodes)
 
 
 def loop_threads():
