@@ -1835,3 +1835,32 @@ def test_gelu_of_infinities_in_compiled_code_is_what_eagers_vector_path_gives(ti
         if k == 1:
             assert torch_mgpu.wait_for_compiles(300)
     assert tiers == [0, 0, 1, 1], (tiers, torch_mgpu._C._tier_last_error())
+
+
+def test_gelu_is_rewritten_at_the_infinities_on_host_lanes_only(tiered, no_trial, monkeypatch):
+    # The probe reads the host CPU's vectorized kernel; CUDA's gelu computes
+    # the formula inductor compiles: the same graph's request, for CUDA
+    # lanes, keeps inductor's gelu (here with a stand-in CPU whose values
+    # differ, so that host lanes rewrite it).
+    from torch_mgpu._tiers import numerics, replay
+
+    monkeypatch.setattr(numerics, "_eager_gelu_of_infinities", lambda dt: (float("nan"), -7.0))
+    requests = []
+    real = replay._Graph
+
+    def spy(req, subst):
+        requests.append(req)
+        return real(req, subst)
+
+    monkeypatch.setattr(replay, "_Graph", spy)
+    x = torch.tensor([0.47, float("inf"), -0.08, 1.5, -float("inf"), 2.0, 0.1, 0.3, -1.25]).to("mgpu")
+    for k in range(3):
+        torch.nn.functional.gelu(x * 1.5).cpu()
+        if k == 1:
+            assert torch_mgpu.wait_for_compiles(300)
+    gelu = [r for r in requests if any(n["op"] == "aten::gelu" for n in r["nodes"])]
+    assert gelu, "the graph was not compiled"
+    req = gelu[0]
+    at = next(i for i, n in enumerate(req["nodes"]) if n["op"] == "aten::gelu")
+    assert at in real(dict(req, device="cpu"), {}).formulas
+    assert at not in real(dict(req, device="cuda"), {}).formulas

@@ -125,6 +125,11 @@ std::atomic<int>& hits_slot() {
   return n;
 }
 
+// Runs of graphs not settled in tier 1 (queued, compiling or on trial): see unsettled_runs().
+std::atomic<uint64_t>& unsettled_slot() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
 
 // The entry of `key`, made if new (the least recently used one goes when
 // there are kMaxEntries). Under t.m: the compiled code of an entry that
@@ -142,14 +147,6 @@ Entry& entry_for(Tiers& t, uint64_t key, std::vector<std::shared_ptr<const Compi
 } // namespace
 
 int compile_hits() { return hits_slot().load(); }
-
-namespace {
-std::atomic<uint64_t>& unsettled_slot() {
-  static std::atomic<uint64_t> n{0};
-  return n;
-}
-} // namespace
-
 uint64_t unsettled_runs() { return unsettled_slot().load(std::memory_order_relaxed); }
 void set_compile_trial(bool on) { trial_slot() = on; }
 bool compile_trial() { return trial_slot(); }

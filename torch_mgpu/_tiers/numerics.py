@@ -441,14 +441,15 @@ def _eager_gelu(names, at_infinities, *vals):
     return torch.where(x == -float("inf"), torch.full_like(out, at_neg), out)
 
 
-def _gelu_formula(node):
-    """For gelu and gelu_ (the erf form) where eager's kernel takes its
-    vectorized path and gives other values at the infinities than the
-    formula inductor compiles (+inf, NaN): _eager_gelu. Its scalar path
-    (one element, a strided tensor, half precision, float64) gives the
-    formula's."""
+def _gelu_formula(node, device):
+    """For gelu and gelu_ (the erf form) on host lanes where eager's CPU
+    kernel takes its vectorized path and gives other values at the
+    infinities than the formula inductor compiles (+inf, NaN): _eager_gelu.
+    Its scalar path (one element, a strided tensor, half precision, float64)
+    gives the formula's, and so does CUDA's kernel (the probe reads the
+    host's CPU, not the GPU's: on CUDA lanes no rewrite)."""
     names = [a.name for a in node["args"]]
-    if node["op"] not in ("aten::gelu", "aten::gelu_") or "out" in names:
+    if node["op"] not in ("aten::gelu", "aten::gelu_") or "out" in names or device.type != "cpu":
         return None
     if "approximate" in names:
         approximate = node["args"][names.index("approximate")]
@@ -461,7 +462,7 @@ def _gelu_formula(node):
     if math.prod(geom.sizes) < 2 or not is_contiguous(geom.sizes, geom.strides):
         return None
     at_infinities = _eager_gelu_of_infinities(geom.dtype)
-    if _same_number(at_infinities[0], float("inf")) and math.isnan(at_infinities[1]):
+    if at_infinities[0] == float("inf") and math.isnan(at_infinities[1]):
         return None
     return _WholeCall(functools.partial(_eager_gelu, names, at_infinities), names)
 
@@ -506,21 +507,25 @@ def _kernel_formula(node):
     return _WholeCall(fn, names)
 
 
-def _eager_formula(node):
+def _eager_formula(node, device):
     """For a node whose op inductor computes otherwise than eager's CPU
     kernel where it matters (a floating remainder or floor division by an
     infinite divisor, a half-precision bmm): eager's formula, a function of
     self and other. None for other nodes; a half or bfloat16 remainder or
     floor division is not compiled (its formula would round between steps
-    where the kernel does not)."""
+    where the kernel does not). `device`: the lanes' (gelu's values at the
+    infinities are the host CPU's, rewritten on host lanes only)."""
     name = node["op"]
     names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
-    for find in (_kernel_formula, _batch_norm_formula, _byte_index_formula, _nll_loss_formula, _gelu_formula, _fma_formula):
+    for find in (_kernel_formula, _batch_norm_formula, _byte_index_formula, _nll_loss_formula, _fma_formula):
         formula = find(node)
         if formula is not None:
             return formula
+    formula = _gelu_formula(node, device)
+    if formula is not None:
+        return formula
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):

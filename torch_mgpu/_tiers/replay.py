@@ -119,7 +119,7 @@ class _Graph:
                 self.last_read[v] = i
         self.root_set = set(self.roots)
         self.ops = [_op_for_args(n) for n in nodes]
-        self.formulas = {i: f for i, n in enumerate(nodes) for f in [_eager_formula(n) or _unary_formula(n)]
+        self.formulas = {i: f for i, n in enumerate(nodes) for f in [_eager_formula(n, self.lanes_device) or _unary_formula(n)]
                          if f is not None}
         # Values that are new versions of a storage (in-place writes): a root
         # of them is returned as the storage's flat bytes.
