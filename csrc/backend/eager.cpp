@@ -6,8 +6,10 @@
 #include "capture/arguments.h"
 #include "capture/capture.h"
 #include "capture/random.h"
+#include "capture/state_lock.h"
 #include "engine/at_call.h"
 #include "ir/generators.h"
+#include "ir/view.h"
 #include "engine/engine.h"
 #include "runtime/lanes.h"
 #include "runtime/counters.h"
@@ -43,13 +45,13 @@ bool sole_host_value(const c10::Storage& s) {
 // trace runs at its call or lazily. The arguments are read where they lie
 // on the stack, `borrowed` ones too (copying a tensor Python holds would
 // take the interpreter lock, capture/borrowed_args.h): the CPU kernel gets
-// a stack of its own.
+// a stack of its own. Called by record_call, which holds the state lock and
+// has typed the call's tensor lists (prepare_call).
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
              capture::BorrowedArgs* borrowed) {
-  capture::StateLock lock;
+  TORCH_INTERNAL_ASSERT(capture::holds_state_lock(), "mgpu: an op ran at its call without the state lock");
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
-  capture::type_tensor_lists(schema, stack);
   const c10::ArrayRef<c10::IValue> in(stack->data() + stack->size() - nargs, nargs);
   capture::check_same_device(op, in);
   std::optional<uint64_t> seed;
@@ -97,7 +99,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
       }
       b = &bytes.emplace_back(Bytes{impl, t.storage(), s});
     }
-    at::Tensor c = runtime::cpu_view(b->cpu, capture::geometry_of(t));
+    at::Tensor c = ir::make_view_like(b->cpu, c10::DispatchKey::CPU, t);
     if (write) written.push_back(Written{t.unsafeGetTensorImpl(), c});
     same.emplace_back(t.unsafeGetTensorImpl(), c);
     return c;
@@ -185,11 +187,11 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
       }
     for (const auto& b : bytes)  // a view of an input's bytes: of its mgpu storage
       if (b.cpu.unsafeGetStorageImpl() == z.storage().unsafeGetStorageImpl()) {
-        r.value = capture::make_lazy_tensor(b.mgpu, capture::geometry_of(z));
+        r.value = ir::make_view_like(b.mgpu, c10::DispatchKey::PrivateUse1, z);
         return;
       }
-    r.value = capture::make_lazy_tensor(capture::new_storage(z.storage().nbytes(), device, ir::make_data(z.storage())),
-                                        capture::geometry_of(z));
+    r.value = ir::make_view_like(capture::new_storage(z.storage().nbytes(), device, ir::make_data(z.storage())),
+                                 c10::DispatchKey::PrivateUse1, z);
   };
   c10::SmallVector<Result, 2> results(s.size());
   for (size_t k = 0; k < s.size(); ++k) {

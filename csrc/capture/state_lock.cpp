@@ -59,22 +59,32 @@ void error_handled(const std::exception& e) {
 
 bool holds_state_lock() { return t_depth > 0; }
 
+// Only the outermost level takes the mutex: an inner one (an op at its call
+// materializing its inputs, a sync inside a call) counts its depth and
+// nothing else.
 StateLock::StateLock() : owns_(true) {
-  if (t_depth == 0) interpreter_ = release_interpreter();
+  if (t_depth > 0) {
+    ++t_depth;
+    return;
+  }
+  interpreter_ = release_interpreter();
   state_mutex().lock();
   ++t_depth;
 }
 
 StateLock::StateLock(std::try_to_lock_t) {
-  if (t_depth > 0) state_mutex().lock();  // this thread holds it: recursive, never waits
-  else if (!state_mutex().try_lock()) return;
+  if (t_depth == 0 && !state_mutex().try_lock()) return;  // this thread holding it never waits
   owns_ = true;
   ++t_depth;
 }
 
 StateLock::~StateLock() {
   if (!owns_) return;
-  if (t_depth == 1) drain_deferred();
+  if (t_depth > 1) {
+    --t_depth;
+    return;
+  }
+  drain_deferred();
   --t_depth;
   state_mutex().unlock();
   // A deleter may have deferred a buffer after the drain: free it if the

@@ -18,4 +18,16 @@ inline at::Tensor make_view(const c10::Storage& storage, c10::DispatchKey key, c
   return t;
 }
 
+// A tensor over `storage` with the geometry of `like` (its dtype, sizes,
+// strides, offset, conj and neg bits), on the device of `key`: make_view
+// without a TensorGeometry in between (ops at their call make two a call).
+inline at::Tensor make_view_like(const c10::Storage& storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), like.dtype());
+  auto* impl = t.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) impl->_set_conj(true);
+  if (like.is_neg()) impl->_set_neg(true);
+  return t;
+}
+
 } // namespace torch_mgpu::ir

@@ -1,14 +1,19 @@
 // The IR alone: nodes, values, hashing, graph building, printing. No op runs.
 #include "ir/fork_order.h"
 #include "ir/graph.h"
+#include "ir/held_bytes.h"
 #include "ir/lru.h"
 #include "ir/trial.h"
+
+#include <ATen/ATen.h>
 
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <map>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -354,4 +359,45 @@ TEST(Trial, WaysTakeTurnsColdFirstThenTheFastestBeyondTheMargin) {
   EXPECT_EQ(t.seconds(0), (std::vector<double>{1.04, 9.0}));
   EXPECT_DOUBLE_EQ(median({3.0, 1.0, 2.0}), 2.0);
   EXPECT_DOUBLE_EQ(median({}), 0.0);
+}
+
+// Held bytes count each storage once, however many hold it, through
+// thousands of holds and releases in a random order (the registry's table
+// grows and deletes by moving entries back: none may get lost).
+TEST(HeldBytes, CountsEachStorageOnceThroughRandomHoldsAndReleases) {
+  const HeldBytes before = held_bytes();
+  std::mt19937 rng(7);
+  std::vector<c10::Storage> storages;
+  for (int i = 0; i < 3000; ++i)
+    storages.push_back(at::empty({static_cast<int64_t>(1 + rng() % 200)}, at::kByte).storage());
+  std::map<const c10::StorageImpl*, int> holders;
+  auto expect_counts = [&] {
+    int64_t bytes = 0, live = 0;
+    for (const auto& s : storages)
+      if (holders[s.unsafeGetStorageImpl()] > 0) {
+        bytes += static_cast<int64_t>(s.nbytes());
+        ++live;
+      }
+    const HeldBytes now = held_bytes();
+    EXPECT_EQ(now.current - before.current, bytes);
+    EXPECT_EQ(now.storages - before.storages, live);
+  };
+  for (int step = 0; step < 40000; ++step) {
+    const auto& s = storages[rng() % storages.size()];
+    int& h = holders[s.unsafeGetStorageImpl()];
+    if (h > 0 && rng() % 2 == 0) {
+      release(s);
+      --h;
+    } else {
+      hold(s);
+      ++h;
+    }
+    if (step % 5000 == 0) expect_counts();
+  }
+  expect_counts();
+  for (const auto& s : storages)
+    for (int& h = holders[s.unsafeGetStorageImpl()]; h > 0; --h) release(s);
+  expect_counts();
+  release(storages[0]);  // released more often than held: nothing changes
+  expect_counts();
 }
