@@ -348,3 +348,40 @@ def test_out_and_in_place_calls_of_the_optimizers_and_composites_reach_unboxed_k
     assert ma.lerp_(mb, 0.3) is ma and ma.addcmul_(mb, mc, value=0.5) is ma and ma.addcdiv_(mb, mc.abs() + 1) is ma
     a.lerp_(b, 0.3).addcmul_(b, c, value=0.5).addcdiv_(b, c.abs() + 1)
     assert torch.equal(ma.cpu(), a)
+
+
+@torch.library.custom_op("mgpu_test::one_tensor", mutates_args=(), device_types="cpu")
+def _one_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(a is b)
+
+
+@_one_tensor.register_fake
+def _(a, b):
+    return torch.empty((), dtype=torch.bool)
+
+
+def test_a_value_read_again_at_the_call_is_the_same_and_an_equal_view_is_another_tensor(at_call):
+    # An op at its call reads a value as the CPU tensor it was made as, and
+    # reads it again so: values and in-place writes stay eager's, and two
+    # mgpu tensors of one geometry (x and an equal view) are two tensors to
+    # the kernel, as in eager (an op whose CPU kernel tells whether its two
+    # arguments are one tensor).
+    at_call("on")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 7, generator=g)
+    x[1, 2] = float("nan")
+    mx = x.to("mgpu")
+    y, my = x * 1.5, mx * 1.5
+    torch.testing.assert_close(my.cpu(), y, rtol=0, atol=0, equal_nan=True)
+    for step in range(3):
+        y, my = y + x * (step + 1), my + mx * (step + 1)  # each result read as it was made
+        torch.testing.assert_close(my.cpu(), y, rtol=0, atol=0, equal_nan=True)
+    same = my.view(35).view(5, 7)
+    assert bool(_one_tensor(my, same).cpu()) is bool(_one_tensor(y, y.view(35).view(5, 7))) is False
+    assert bool(_one_tensor(my, my).cpu()) is bool(_one_tensor(y, y)) is True
+    my.add_(1.0)  # written in place: read again with its new bytes
+    y.add_(1.0)
+    torch.testing.assert_close((my * 2).cpu(), y * 2, rtol=0, atol=0, equal_nan=True)
+    with torch.inference_mode():
+        z, mz = y * 3, my * 3
+    torch.testing.assert_close((mz + 1).cpu(), z + 1, rtol=0, atol=0, equal_nan=True)

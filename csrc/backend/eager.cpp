@@ -37,6 +37,16 @@ bool sole_host_value(const c10::Storage& s) {
       n->data.use_count() == 1 && n->data.nbytes() >= s.nbytes() && n->replicas().empty();
 }
 
+// Whether `a` and `b` have one geometry (dtype, sizes, strides, offset,
+// conj and neg bits). A CPU tensor kept for reuse (Node::host_view) is
+// reused only as make_view_like would make it now: of the same geometry,
+// and an inference tensor exactly when inference mode is on.
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.storage_offset() == b.storage_offset() &&
+      a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) && a.is_conj() == b.is_conj() &&
+      a.is_neg() == b.is_neg();
+}
+
 // Runs `op` now on the CPU (see eager_fallback), with one intra-op thread
 // where `one_thread`. Random ops draw as their recording would: a
 // Generator argument (given or not) becomes a CPU generator seeded from the
@@ -99,7 +109,28 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
       }
       b = &bytes.emplace_back(Bytes{impl, t.storage(), s});
     }
-    at::Tensor c = ir::make_view_like(b->cpu, c10::DispatchKey::CPU, t);
+    // A value read as it was made or last read (the chain `y = f(y, x)`
+    // at the call): that CPU tensor again. Written ones get their own.
+    ir::Node* data = nullptr;
+    if (!write) {
+      ir::Node* n = capture::buffer_of(t.storage())->value.node.get();
+      if (n->kind == ir::NodeKind::Data && n->data.unsafeGetStorageImpl() == b->cpu.unsafeGetStorageImpl()) data = n;
+    }
+    at::Tensor c;
+    // Another mgpu tensor of the call (an equal view) never gets the same
+    // CPU tensor: kernels tell one tensor passed twice from two (torch.equal).
+    auto unused = [&](const at::Tensor& v) {
+      for (const auto& e : same)
+        if (e.second.unsafeGetTensorImpl() == v.unsafeGetTensorImpl()) return false;
+      return true;
+    };
+    if (data && data->host_view.defined() && same_geometry(data->host_view, t) &&
+        data->host_view.is_inference() == c10::InferenceMode::is_enabled() && unused(data->host_view)) {
+      c = data->host_view;
+    } else {
+      c = ir::make_view_like(b->cpu, c10::DispatchKey::CPU, t);
+      if (data) data->host_view = c;
+    }
     if (write) written.push_back(Written{t.unsafeGetTensorImpl(), c});
     same.emplace_back(t.unsafeGetTensorImpl(), c);
     return c;
@@ -190,7 +221,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
         r.value = ir::make_view_like(b.mgpu, c10::DispatchKey::PrivateUse1, z);
         return;
       }
-    r.value = ir::make_view_like(capture::new_storage(z.storage().nbytes(), device, ir::make_data(z.storage())),
+    auto data = ir::make_data(z.storage());
+    if (!z.unsafeGetTensorImpl()->is_wrapped_number()) data->host_view = z;  // what the next op at its call reads it as
+    r.value = ir::make_view_like(capture::new_storage(z.storage().nbytes(), device, std::move(data)),
                                  c10::DispatchKey::PrivateUse1, z);
   };
   c10::SmallVector<Result, 2> results(s.size());

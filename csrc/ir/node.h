@@ -131,6 +131,10 @@ struct Node {
   c10::SmallVector<Value, 2> operands;
   c10::SmallVector<Output, 1> outputs;
   c10::Storage data;   // Data nodes only
+  // Data nodes on the host: a CPU tensor over `data`, the one an op at its
+  // call last made or read it as (backend/eager.cpp), reused by the next op
+  // that reads it with the same geometry. Under the state lock.
+  at::Tensor host_view;
   // Data nodes: copies of `data` on other devices; Empty nodes: their bytes
   // once read. Data nodes: copies of `data` on other devices, made where lanes on
   // those devices read it (the bytes never change, so a copy stays valid).
