@@ -33,8 +33,10 @@ namespace {
 bool sole_host_value(const c10::Storage& s) {
   const auto& n = capture::buffer_of(s)->value.node;
   if (n && n->kind == ir::NodeKind::Empty && n.use_count() == 1 && n->replicas().empty()) return true;
+  // (Its own CPU tensor, host_view, holds the bytes too.)
   return n && n->kind == ir::NodeKind::Data && n.use_count() == 1 && n->data.device().is_cpu() &&
-      n->data.use_count() == 1 && n->data.nbytes() >= s.nbytes() && n->replicas().empty();
+      n->data.use_count() == (n->host_view.defined() ? 2u : 1u) && n->data.nbytes() >= s.nbytes() &&
+      n->replicas().empty();
 }
 
 // Whether `a` and `b` have one geometry (dtype, sizes, strides, offset,
