@@ -385,3 +385,23 @@ def test_a_value_read_again_at_the_call_is_the_same_and_an_equal_view_is_another
     with torch.inference_mode():
         z, mz = y * 3, my * 3
     torch.testing.assert_close((mz + 1).cpu(), z + 1, rtol=0, atol=0, equal_nan=True)
+
+
+_lib = torch.library.Library("mgpu_test", "FRAGMENT")
+_lib.define("rebinds(Tensor a) -> Tensor")
+# A kernel that breaks its op's contract: it gives the tensor it reads other
+# bytes (set_). The program's value is not the kernel's to change: a later
+# op reads it as it was, at the call as lazily.
+_lib.impl("rebinds", lambda a: (a * 2, a.set_(torch.full_like(a, -7.0)))[0], "CPU")
+_lib.impl("rebinds", lambda a: torch.empty_like(a), "Meta")
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_a_kernel_that_rebinds_the_tensor_it_reads_leaves_the_value_as_it_was(at_call, mode):
+    at_call(mode)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 6, generator=g)
+    my = x.to("mgpu") * 1.5  # at the call: my's value is kept with the CPU tensor it was made as
+    r = torch.ops.mgpu_test.rebinds(my)
+    torch.testing.assert_close(r.cpu(), x * 1.5 * 2, rtol=0, atol=0)
+    torch.testing.assert_close((my + 1).cpu(), x * 1.5 + 1, rtol=0, atol=0)

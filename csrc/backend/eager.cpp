@@ -126,8 +126,12 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
         if (e.second.unsafeGetTensorImpl() == v.unsafeGetTensorImpl()) return false;
       return true;
     };
-    if (data && data->host_view.defined() && same_geometry(data->host_view, t) &&
-        data->host_view.is_inference() == c10::InferenceMode::is_enabled() && unused(data->host_view)) {
+    // (A kernel that set_ a tensor it read gave it other bytes: that one is
+    // not the value's any more.)
+    if (data && data->host_view.defined() &&
+        data->host_view.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() == b->cpu.unsafeGetStorageImpl() &&
+        same_geometry(data->host_view, t) && data->host_view.is_inference() == c10::InferenceMode::is_enabled() &&
+        unused(data->host_view)) {
       c = data->host_view;
     } else {
       c = ir::make_view_like(b->cpu, c10::DispatchKey::CPU, t);
