@@ -15,6 +15,10 @@ namespace torch {
 class Library;
 }
 
+namespace torch_mgpu::capture {
+struct OpInfo;  // capture/record_steps.h
+}
+
 namespace torch_mgpu::backend {
 
 // The boxed kernel behind every ATen op that reaches PrivateUse1.
@@ -40,12 +44,12 @@ bool takes_over_composite(const c10::OperatorHandle& op);
 // inputs and wrapping tensor results as mgpu tensors.
 // `borrowed` (or null): the stack's borrowed tensor arguments
 // (capture/borrowed_args.h), released with the arguments.
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+void eager_fallback(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                     capture::BorrowedArgs* borrowed = nullptr);
 // The same for an op of a trace that runs at its call (engine/at_call.h),
 // with one intra-op thread where `one_thread`.
-void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
-                 capture::BorrowedArgs* borrowed = nullptr);
+void run_at_call(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 bool one_thread, capture::BorrowedArgs* borrowed = nullptr);
 
 // Records (on mgpu inputs) or runs (on CPU / CUDA inputs) a compiled
 // partition: the op torch_mgpu::partition.

@@ -59,15 +59,15 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
 // take the interpreter lock, capture/borrowed_args.h): the CPU kernel gets
 // a stack of its own. Called by record_call, which holds the state lock and
 // has typed the call's tensor lists (prepare_call).
-void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
+void run_now(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
              capture::BorrowedArgs* borrowed) {
   TORCH_INTERNAL_ASSERT(capture::holds_state_lock(), "mgpu: an op ran at its call without the state lock");
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> in(stack->data() + stack->size() - nargs, nargs);
-  capture::check_same_device(op, in);
+  capture::check_same_device(info, op, in);
   std::optional<uint64_t> seed;
-  if (capture::draws_from_default_generator(op, in)) seed = capture::draw_seed(std::nullopt);
+  if (capture::draws_from_default_generator(info, op, in)) seed = capture::draw_seed(std::nullopt);
 
   // Per mgpu storage, its CPU bytes. A written storage is written in its
   // bytes where no one else holds them (as eager writes), else into a
@@ -261,15 +261,16 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_t
 
 } // namespace
 
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, capture::BorrowedArgs* borrowed) {
+void eager_fallback(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    capture::BorrowedArgs* borrowed) {
   if (op.schema().name() != "aten::_local_scalar_dense") runtime::counters().eager_fallbacks++;
-  run_now(op, stack, /*one_thread=*/false, borrowed);
+  run_now(info, op, stack, /*one_thread=*/false, borrowed);
 }
 
-void run_at_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool one_thread,
-                 capture::BorrowedArgs* borrowed) {
+void run_at_call(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                 bool one_thread, capture::BorrowedArgs* borrowed) {
   runtime::counters().at_call_ops++;
-  run_now(op, stack, one_thread, borrowed);
+  run_now(info, op, stack, one_thread, borrowed);
 }
 
 namespace {

@@ -87,7 +87,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   }
   if (capture::runs_eagerly(info)) {
     engine::at_call::ProgramRead read;  // it reads values: the trace ends with it
-    eager_fallback(op, stack, borrowed);
+    eager_fallback(info, op, stack, borrowed);
     return;
   }
   // At the call: the CPU kernel now, as eager runs it. Not an empty
@@ -97,7 +97,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
   // whose kernel rounds by its thread count keeps the caller's threads.
   if (way != engine::at_call::Way::Lazy && !capture::is_empty_factory(info) &&
       !(cpu_as_meta && has_host_tensor(op, *stack)) && !has_foreign_storage(op, *stack)) {
-    run_at_call(op, stack, way == engine::at_call::Way::AtCallOneThread && !capture::is_thread_sensitive(info),
+    run_at_call(info, op, stack, way == engine::at_call::Way::AtCallOneThread && !capture::is_thread_sensitive(info),
                 borrowed);
     return;
   }
@@ -117,7 +117,7 @@ void record_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool c
     // CPU, which either computes it or raises exactly eager's error. Over a
     // storage mgpu did not make it cannot: the recording's error is the call's.
     if (has_foreign_storage(op, *stack)) throw;
-    eager_fallback(op, stack);
+    eager_fallback(info, op, stack);
     return;
   }
   if (sync_now || ir::pending_op_count() > engine::max_pending_ops()) engine::sync_all();

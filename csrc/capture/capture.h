@@ -35,7 +35,7 @@ bool is_thread_sensitive(const OpInfo& info);
 // Whether a call of `op` draws from the device's default generator with no
 // Generator argument (native_dropout; not attention with a dropout of 0):
 // its recording, or its run at the call, seeds it from the mgpu generator.
-bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+bool draws_from_default_generator(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 // Whether the op's kernels never read the float32 matmul precision: an
 // elementwise op (ATen's `pointwise` tag) or an empty factory multiplies no
@@ -43,7 +43,6 @@ bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c
 bool ignores_matmul_precision(const OpInfo& info);
 
 // Eager's rule: host tensors beside mgpu tensors only as 0-dim scalars.
-void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 // Records the call as a node (the results replace the arguments on the

@@ -169,12 +169,8 @@ bool draws_nothing(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue>
   return false;
 }
 
-bool draws_from_default_generator(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  return op_info(op).seeded_default && !draws_nothing(op.schema(), args);
-}
-
-void check_same_device(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  check_same_device(op_info(op), op, args);
+bool draws_from_default_generator(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  return info.seeded_default && !draws_nothing(op.schema(), args);
 }
 
 void check_same_device(const OpInfo& info, const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {

@@ -3,6 +3,7 @@
 // the Op nodes needed by the roots, in topological order, with edges as
 // indices. Planning and execution read it; nothing here runs an op.
 #include "ir/node.h"
+#include "ir/pointer_map.h"
 
 #include <cstdint>
 #include <string>
@@ -11,58 +12,8 @@
 
 namespace torch_mgpu::ir {
 
-// Node -> int, open addressing in one array: a sync of a 1000-node graph
-// made 1000 map entries (a malloc each, freed into glibc's fastbins) and
-// rehashed into a bucket array large enough that its allocation sorted them
-// back (malloc_consolidate); this makes one allocation per graph.
-class NodeIndex {
- public:
-  // Room for `n` entries without growing.
-  void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    if (cap > slots_.size()) rehash(cap);
-  }
-  // The value stored for `n`, nullptr when there is none.
-  const int* get(const Node* n) const {
-    if (slots_.empty()) return nullptr;
-    for (size_t i = slot(n);; i = (i + 1) & mask_) {
-      if (slots_[i].first == n) return &slots_[i].second;
-      if (slots_[i].first == nullptr) return nullptr;
-    }
-  }
-  int* get(const Node* n) { return const_cast<int*>(static_cast<const NodeIndex*>(this)->get(n)); }
-  bool contains(const Node* n) const { return get(n) != nullptr; }
-  // Stores `value` for `n` unless `n` has one: whether it was stored.
-  bool insert(const Node* n, int value) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
-    for (size_t i = slot(n);; i = (i + 1) & mask_) {
-      if (slots_[i].first == n) return false;
-      if (slots_[i].first == nullptr) {
-        slots_[i] = {n, value};
-        ++size_;
-        return true;
-      }
-    }
-  }
-  size_t size() const { return size_; }
-
- private:
-  size_t slot(const Node* n) const {
-    return static_cast<size_t>((reinterpret_cast<uintptr_t>(n) >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask_;
-  }
-  void rehash(size_t cap) {
-    std::vector<std::pair<const Node*, int>> old(cap, {nullptr, 0});
-    old.swap(slots_);
-    mask_ = cap - 1;
-    size_ = 0;
-    for (const auto& e : old)
-      if (e.first) insert(e.first, e.second);
-  }
-  std::vector<std::pair<const Node*, int>> slots_;
-  size_t mask_ = 0;
-  size_t size_ = 0;
-};
+// Node -> int (its position in a graph).
+using NodeIndex = PointerMap<Node, int>;
 
 struct Graph {
   // Pending Op nodes in a topological order (every producer before its users).

@@ -401,3 +401,40 @@ TEST(HeldBytes, CountsEachStorageOnceThroughRandomHoldsAndReleases) {
   release(storages[0]);  // released more often than held: nothing changes
   expect_counts();
 }
+
+TEST(PointerMap, KeepsEveryKeyReachableThroughRandomInsertsAndErases) {
+  // Erasing moves the slots after the hole back (no tombstones): a key
+  // whose probe ran through the hole must still be found. Many keys, few
+  // low-bit patterns, against std::map.
+  std::vector<int> keys(4000);
+  PointerMap<int, int64_t> m;
+  std::map<const int*, int64_t> want;
+  uint64_t r = 12345;
+  auto next = [&] {
+    r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+    return r >> 33;
+  };
+  for (int step = 0; step < 60000; ++step) {
+    const int* k = &keys[next() % keys.size()];
+    const auto v = static_cast<int64_t>(next());
+    switch (next() % 3) {
+      case 0:
+        EXPECT_EQ(m.insert(k, v), want.emplace(k, v).second);
+        break;
+      case 1:
+        m.get_or_make(k) += v;
+        want[k] += v;
+        break;
+      default:
+        m.erase(k);
+        want.erase(k);
+    }
+  }
+  EXPECT_EQ(m.size(), want.size());
+  for (const int& k : keys) {
+    const auto it = want.find(&k);
+    const int64_t* got = m.get(&k);
+    ASSERT_EQ(got != nullptr, it != want.end());
+    if (got) EXPECT_EQ(*got, it->second);
+  }
+}
