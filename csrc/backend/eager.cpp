@@ -91,6 +91,7 @@ void run_now(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::
   // The same tensor passed twice is one CPU tensor: kernels tell it from an
   // equal view (eager refuses `c[idx] = c`).
   c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> same;
+  const bool inference = c10::InferenceMode::is_enabled();
   auto to_cpu = [&](const at::Tensor& t, bool write) -> at::Tensor {
     if (!capture::is_mgpu(t)) return t;
     for (const auto& [impl, c] : same)
@@ -130,7 +131,7 @@ void run_now(const capture::OpInfo& info, const c10::OperatorHandle& op, torch::
     // not the value's any more.)
     if (data && data->host_view.defined() &&
         data->host_view.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl() == b->cpu.unsafeGetStorageImpl() &&
-        same_geometry(data->host_view, t) && data->host_view.is_inference() == c10::InferenceMode::is_enabled() &&
+        same_geometry(data->host_view, t) && data->host_view.is_inference() == inference &&
         unused(data->host_view)) {
       c = data->host_view;
     } else {

@@ -519,13 +519,11 @@ def _eager_formula(node, device):
     names = [a.name for a in node["args"]]
     if name == "aten::bmm":
         return _half_bmm_formula(node)
-    for find in (_kernel_formula, _batch_norm_formula, _byte_index_formula, _nll_loss_formula, _fma_formula):
+    gelu = functools.partial(_gelu_formula, device=device)
+    for find in (_kernel_formula, _batch_norm_formula, _byte_index_formula, _nll_loss_formula, gelu, _fma_formula):
         formula = find(node)
         if formula is not None:
             return formula
-    formula = _gelu_formula(node, device)
-    if formula is not None:
-        return formula
     if name in ("aten::remainder", "aten::remainder_"):
         formula = _eager_remainder
     elif name in ("aten::floor_divide", "aten::floor_divide_"):
