@@ -30,6 +30,15 @@ ir::Trial Choices::new_trial() const {
   return ir::Trial(one_thread_ ? 3 : 2, kTrialRuns, ir::margin::kAtCall);
 }
 
+void Choices::start_trial(Entry& e) const {
+  e.state = State::Trial;
+  e.trial = new_trial();
+  e.block = 0;
+  e.block_end = kBlockRuns;
+  e.switched = false;  // way 0's first run is its cold one
+  e.unsettled_runs = 0;
+}
+
 Way Choices::begin(bool may_try) {
   current_ = Current{};
   if (!has_last_) return Way::Lazy;
@@ -39,23 +48,28 @@ Way Choices::begin(bool may_try) {
   if (e == nullptr) return Way::Lazy;
   current_.predicted = true;
   current_.trace = prev->next;
-  if (e->state == State::Chosen && ++e->since >= e->retry && may_try) {
-    e->state = State::Trial;
-    e->trial = new_trial();
-    e->block = 0;
-    e->unsettled_runs = 0;
-  }
+  if (e->state == State::Chosen && ++e->since >= e->retry && may_try) start_trial(*e);
   if (e->state == State::Trial && may_try && e->block == 0 && !e->settled && e->unsettled_runs < kMaxUnsettledRuns) {
     // Tier 1 is deciding about the lazy way's graphs: they run on, untimed,
     // until their way is settled.
     current_.way = Way::Lazy;
   } else if (e->state == State::Trial && may_try) {
-    // A way runs its cold run and its timed ones in a row: what a loop
-    // running it meets (switching ways has costs of its own, paid by the
-    // run after a switch, which is the cold one).
-    if (e->trial.timed(e->block)) e->block = e->trial.turn();
+    // A way runs a block: an untimed run, then kBlockRuns timed ones in a
+    // row, what a loop running it meets (switching ways has costs of its
+    // own, paid by the run after a switch, which is not timed: the way's
+    // cold run, or a warm one after the switch). Then the way called least.
+    if (e->trial.seconds(e->block).size() >= e->block_end) {
+      e->block = e->trial.turn([&](size_t w) { return !e->trial.timed(w); });
+      e->block_end = std::min(e->trial.seconds(e->block).size() + kBlockRuns, kTrialRuns);
+      e->switched = e->trial.calls(e->block) > 0;
+    }
     current_.trial_way = e->block;
-    current_.timed = e->trial.call(current_.trial_way);
+    if (e->switched) {
+      e->switched = false;
+      current_.timed = false;
+    } else {
+      current_.timed = e->trial.call(current_.trial_way);
+    }
     current_.way = static_cast<Way>(current_.trial_way);
   } else {
     current_.way = e->state == State::Watched ? Way::Lazy : e->way;
@@ -92,10 +106,7 @@ void Choices::end(uint64_t trace, size_t ops, double seconds, bool may_try, bool
     else e.recent.clear();
   }
   if (e.state == State::Watched && e.runs >= kHotRuns && may_try) {
-    e.state = State::Trial;
-    e.trial = new_trial();
-    e.block = 0;
-    e.unsettled_runs = 0;
+    start_trial(e);
   } else if (e.state == State::Trial && e.trial.all_timed()) {
     decide(e);
   }

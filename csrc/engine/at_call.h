@@ -6,9 +6,9 @@
 // read (capture, a sync, tier 0 or 1 on the lanes); the ways at the call run
 // each op's CPU kernel from its call, as eager does (backend/eager.cpp's
 // eager path, no recording and no sync), with the caller's intra-op threads
-// or with one. A trace seen often enough is tried each way in turn, a cold
-// run and timed ones in a row (ir::Trial, the lazy way the baseline), and
-// runs the way that measured fastest; the choice is tried again after a number of runs that doubles
+// or with one. A trace seen often enough is tried each way in turn, in
+// blocks of an untimed run and timed ones in a row (ir::Trial, the lazy way
+// the baseline), and runs the way that measured fastest; the choice is tried again after a number of runs that doubles
 // while it holds; between trials the choice is made again where the chosen
 // way's runs drift from what its trial measured (kDrift). A trace is timed from its first op to the
 // end of its read. A trace is told at its first op by the trace that last
@@ -34,11 +34,23 @@ const char* way_name(Way w);
 // A trace seen this many times is tried (runs of the lazy way: tier 1's
 // compile of its graph is queued by then).
 constexpr size_t kHotRuns = 4;
-// Timed runs of each way that decide. Five, not three: the ways of a small
+// Timed runs of each way that decide. Six, not three: the ways of a small
 // trace often differ by 10-20%, and on a loaded machine a median of three
 // took the slower one in one run of three (a 64-feature transform: the
 // lazy way 4.6 ms, at the call 5.3-5.6; see docs/EXECUTION.md).
-constexpr size_t kTrialRuns = 5;
+constexpr size_t kTrialRuns = 6;
+// The ways take turns in blocks of kBlockRuns timed runs, each after an
+// untimed run (the way's cold run, or the first run after a switch, which
+// pays the switch): a while of a slower machine (another process's burst)
+// then falls on a block, not on all of one way's runs. Blocks of two: a
+// burst over one block leaves the median of six (its upper one, the 4th)
+// to the other runs. Way after way in one block each, eight branches of
+// 128 chose one thread (1.12 ms a run) over the caller's two (eager with
+// two beside it: 0.70 ms) on a machine another process loaded.
+constexpr size_t kBlockRuns = 2;
+// Runs of each way in a trial: its timed runs and an untimed one per block.
+constexpr size_t kRunsPerWay = kTrialRuns + kTrialRuns / kBlockRuns;
+static_assert(kTrialRuns % kBlockRuns == 0, "a trial's timed runs come in whole blocks");
 // Runs of the chosen way before it is tried again; doubled (up to
 // kMaxRetry) each time the same way wins again.
 constexpr size_t kFirstRetry = 32;
@@ -105,13 +117,16 @@ class Choices {
     bool decided = false;         // a trial has chosen (`way` is its choice)
     bool has_next = false;
     uint64_t next = 0;  // the trace that followed it last
-    size_t block = 0;            // the way whose runs of the trial go on
+    size_t block = 0;            // the way whose block of the trial goes on
+    size_t block_end = 0;        // its timed runs when the block ends
+    bool switched = false;       // the block's first run is still to come (untimed: it pays the switch)
     std::vector<double> recent;  // times of the chosen way since its trial (the latest group)
     std::string drifted;         // what its runs measured, where they drifted (reported)
     bool settled = true;         // tier 1 was done with its graphs at its last lazy run
     size_t unsettled_runs = 0;   // lazy runs since its trial began while tier 1 was not (up to kMaxUnsettledRuns)
   };
   ir::Trial new_trial() const;
+  void start_trial(Entry& e) const;
   void decide(Entry& e);
   void steady(Entry& e, double seconds);
   struct Current {

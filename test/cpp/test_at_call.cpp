@@ -49,11 +49,11 @@ TEST(AtCallChoices, AHotTraceThatLosesLazilyRunsAtTheCallTheFastestWay) {
   // Watched: lazy until seen kHotRuns times.
   auto ways = run(c, 7, at_call::kHotRuns, lazy_slow);
   EXPECT_EQ(count(ways, Way::Lazy), ways.size());
-  // The trial: a cold and kTrialRuns timed runs of each of the three ways.
-  ways = run(c, 7, 3 * (at_call::kTrialRuns + 1), lazy_slow);
-  EXPECT_EQ(count(ways, Way::Lazy), at_call::kTrialRuns + 1);
-  EXPECT_EQ(count(ways, Way::AtCall), at_call::kTrialRuns + 1);
-  EXPECT_EQ(count(ways, Way::AtCallOneThread), at_call::kTrialRuns + 1);
+  // The trial: kTrialRuns timed runs of each of the three ways, and an untimed one per block.
+  ways = run(c, 7, 3 * at_call::kRunsPerWay, lazy_slow);
+  EXPECT_EQ(count(ways, Way::Lazy), at_call::kRunsPerWay);
+  EXPECT_EQ(count(ways, Way::AtCall), at_call::kRunsPerWay);
+  EXPECT_EQ(count(ways, Way::AtCallOneThread), at_call::kRunsPerWay);
   // Chosen: one thread measured fastest.
   ways = run(c, 7, 5, lazy_slow);
   EXPECT_EQ(count(ways, Way::AtCallOneThread), ways.size());
@@ -65,26 +65,43 @@ TEST(AtCallChoices, AHotTraceThatLosesLazilyRunsAtTheCallTheFastestWay) {
   EXPECT_EQ(r[0].medians_s, (std::vector<double>{3.0, 2.0, 1.0}));
 }
 
-TEST(AtCallChoices, EachWayOfATrialRunsItsRunsInARow) {
+TEST(AtCallChoices, TheWaysOfATrialTakeTurnsInBlocksOfRunsInARow) {
   Choices c;
   run(c, 7, at_call::kHotRuns, lazy_slow);
-  auto ways = run(c, 7, 3 * (at_call::kTrialRuns + 1), lazy_slow);
+  auto ways = run(c, 7, 3 * at_call::kRunsPerWay, lazy_slow);
+  // Blocks of an untimed run and kBlockRuns timed ones; the way called
+  // least goes next (ties: the first challenger, the baseline where it ran less).
+  const size_t block = at_call::kBlockRuns + 1;
   std::vector<Way> expect;
-  for (Way w : {Way::Lazy, Way::AtCall, Way::AtCallOneThread}) expect.insert(expect.end(), at_call::kTrialRuns + 1, w);
+  for (Way w : {Way::Lazy, Way::AtCall, Way::AtCallOneThread, Way::AtCall, Way::AtCallOneThread, Way::Lazy,
+                Way::AtCall, Way::AtCallOneThread, Way::Lazy})
+    expect.insert(expect.end(), block, w);
+  static_assert(at_call::kTrialRuns == 3 * at_call::kBlockRuns, "three blocks per way");
   EXPECT_EQ(ways, expect);
-  // The first run after a switch is the cold one, not timed: a switch that
-  // costs the run after it costs no way its place.
+  EXPECT_EQ(c.report().at(0).state, "chosen");
+  // The first run of a block is not timed: a switch that costs the run
+  // after it costs no way its place.
   Choices d(false);
   run(d, 7, at_call::kHotRuns, lazy_fast);
   size_t k = 0;
-  ways = run(d, 7, 2 * (at_call::kTrialRuns + 1), [&](Way w) { return k++ % (at_call::kTrialRuns + 1) == 0 ? 50.0 : lazy_fast(w); });
+  ways = run(d, 7, 2 * at_call::kRunsPerWay, [&](Way w) { return k++ % block == 0 ? 50.0 : lazy_fast(w); });
   EXPECT_EQ(d.report().at(0).medians_s, (std::vector<double>{1.0, 2.0}));
   EXPECT_EQ(d.report().at(0).way, "lazy");
+  // A slower while of the machine over one block of a way does not decide
+  // for it: each way's median is of runs from three blocks.
+  Choices e(true);
+  run(e, 7, at_call::kHotRuns, lazy_slow);
+  size_t i = 0;
+  run(e, 7, 3 * at_call::kRunsPerWay, [&](Way w) {
+    const bool burst = i++ / block == 2;  // the third block: one thread's first
+    return (w == Way::AtCallOneThread ? 1.0 : w == Way::AtCall ? 1.5 : 3.0) * (burst ? 4.0 : 1.0);
+  });
+  EXPECT_EQ(e.report().at(0).way, "at the call, one thread");
 }
 
 TEST(AtCallChoices, ATraceThatWinsLazilyStaysLazy) {
   Choices c(/*one_thread_way=*/false);
-  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_fast);
+  run(c, 7, at_call::kHotRuns + 2 * at_call::kRunsPerWay, lazy_fast);
   auto ways = run(c, 7, 10, lazy_fast);
   EXPECT_EQ(count(ways, Way::Lazy), ways.size());
   EXPECT_EQ(c.report().at(0).state, "chosen");
@@ -94,24 +111,24 @@ TEST(AtCallChoices, ATraceThatWinsLazilyStaysLazy) {
 TEST(AtCallChoices, WithinTheMarginTheLazyWayIsKept) {
   Choices c(false);
   auto close = [](Way w) { return w == Way::Lazy ? 1.0 : 0.995; };
-  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), close);
+  run(c, 7, at_call::kHotRuns + 2 * at_call::kRunsPerWay, close);
   EXPECT_EQ(c.report().at(0).way, "lazy");
 }
 
 TEST(AtCallChoices, AChoiceIsTriedAgainAfterItsRunsAndTheirCountDoubles) {
   Choices c(false);
-  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_slow);
+  run(c, 7, at_call::kHotRuns + 2 * at_call::kRunsPerWay, lazy_slow);
   // kFirstRetry runs at the call, then a trial again (lazy runs in it).
   auto ways = run(c, 7, at_call::kFirstRetry - 1, lazy_slow);
   EXPECT_EQ(count(ways, Way::AtCall), ways.size());
-  ways = run(c, 7, 2 * (at_call::kTrialRuns + 1), lazy_slow);
-  EXPECT_EQ(count(ways, Way::Lazy), at_call::kTrialRuns + 1);
+  ways = run(c, 7, 2 * at_call::kRunsPerWay, lazy_slow);
+  EXPECT_EQ(count(ways, Way::Lazy), at_call::kRunsPerWay);
   EXPECT_EQ(c.report().at(0).way, "at the call");
   // The same way won again: twice as many runs before the next trial.
   ways = run(c, 7, 2 * at_call::kFirstRetry - 1, lazy_slow);
   EXPECT_EQ(count(ways, Way::AtCall), ways.size());
   // The machine changed: the next trial goes back to the lazy way.
-  run(c, 7, 1 + 2 * (at_call::kTrialRuns + 1), lazy_fast);
+  run(c, 7, 1 + 2 * at_call::kRunsPerWay, lazy_fast);
   EXPECT_EQ(c.report().at(0).way, "lazy");
 }
 
@@ -128,7 +145,7 @@ TEST(AtCallChoices, ATraceIsToldByTheOneThatFollowedItsPredecessor) {
     }
     return std::make_pair(first, second);
   };
-  two_traces(at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1));
+  two_traces(at_call::kHotRuns + 2 * at_call::kRunsPerWay);
   auto [first, second] = two_traces(6);
   EXPECT_EQ(count(first, Way::Lazy), first.size());
   EXPECT_EQ(count(second, Way::AtCall), second.size());
@@ -149,7 +166,7 @@ TEST(AtCallChoices, AChosenWayThatRunsSlowerThanItsTrialMeasuredGivesWayToTheFas
   Choices c;
   // The trial: lazy 1.0, at the call 2.0, one thread 3.0. Lazy is chosen.
   auto trial = [](Way w) { return w == Way::Lazy ? 1.0 : w == Way::AtCall ? 2.0 : 3.0; };
-  run(c, 7, at_call::kHotRuns + 3 * (at_call::kTrialRuns + 1), trial);
+  run(c, 7, at_call::kHotRuns + 3 * at_call::kRunsPerWay, trial);
   ASSERT_EQ(c.report().at(0).way, "lazy");
   // On its own the lazy way runs at 1.2 (within kDrift): it stays.
   auto ways = run(c, 7, 2 * at_call::kSteadyRuns, [](Way w) { return w == Way::Lazy ? 1.2 : 9.0; });
@@ -179,7 +196,7 @@ TEST(AtCallChoices, AChosenWayThatRunsSlowerThanItsTrialMeasuredGivesWayToTheFas
 
 TEST(AtCallChoices, ADriftWithNoFasterWayKeepsTheChoice) {
   Choices c(false);
-  run(c, 7, at_call::kHotRuns + 2 * (at_call::kTrialRuns + 1), lazy_slow);  // at the call 2.0, lazy 3.0
+  run(c, 7, at_call::kHotRuns + 2 * at_call::kRunsPerWay, lazy_slow);  // at the call 2.0, lazy 3.0
   ASSERT_EQ(c.report().at(0).way, "at the call");
   // At the call runs at 2.9: slower than measured, but still faster than
   // the lazy way's 3.0 by the trial's margin.
@@ -214,17 +231,17 @@ TEST(AtCallChoices, TheLazyWayIsTimedOnceTierOneSettledItsGraphs) {
     return w;
   };
   std::vector<Way> ways;
-  for (size_t i = 0; i < at_call::kHotRuns + 12 + 2 * (at_call::kTrialRuns + 1); ++i) ways.push_back(step());
+  for (size_t i = 0; i < at_call::kHotRuns + 12 + 2 * at_call::kRunsPerWay; ++i) ways.push_back(step());
   auto r = c.report().at(0);
   EXPECT_EQ(r.way, "lazy") << r.why;
   EXPECT_EQ(r.medians_s, (std::vector<double>{1.0, 2.0}));
   // The trial's lazy runs waited for tier 1 (untimed), then ran in a row.
-  EXPECT_EQ(count(ways, Way::AtCall), at_call::kTrialRuns + 1);
+  EXPECT_EQ(count(ways, Way::AtCall), at_call::kRunsPerWay);
   // A graph tier 1 never settles: the lazy way is timed after
   // kMaxUnsettledRuns runs of the trial all the same.
   Choices d(false);
   run(d, 8, at_call::kHotRuns, lazy_slow);
-  for (size_t i = 0; i < at_call::kMaxUnsettledRuns + 2 * (at_call::kTrialRuns + 1); ++i) {
+  for (size_t i = 0; i < at_call::kMaxUnsettledRuns + 2 * at_call::kRunsPerWay; ++i) {
     const Way w = d.begin(true);
     d.end(8, 10, lazy_slow(w), true, /*settled=*/w != Way::Lazy);
   }
